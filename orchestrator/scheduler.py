@@ -1,0 +1,394 @@
+"""Step-budget scheduler: decides which op sites get the next quanta of steps.
+
+Pure (stdlib and numpy only): the controller reports with ``on_progress`` and
+``retire``, asks with ``allocate`` and alone turns the returned ``Decision`` values
+into actor calls. Policies: ``round-robin`` (equal quanta, least recently served
+first: the baseline) and ``loss-slope`` (quanta in inverse proportion to the
+predicted steps to trigger, closest sites first, an exploration floor, and a
+REFRESH when a site plateaus). Missing or NaN data in a report means "continue".
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+__all__ = [
+    "Action", "Allocation", "Decision", "LossSlopeScheduler", "POLICIES",
+    "RoundRobinScheduler", "Scheduler", "SiteProgress", "make_scheduler",
+]
+
+log = logging.getLogger(__name__)
+
+EPS = 1e-9                # smallest fall rate (loss per step) in a prediction
+DEFAULT_WINDOW = 16       # losses the slope and the plateau test look at
+DEFAULT_MAX_FACTOR = 4    # largest loss-slope quantum, in quanta
+DEFAULT_STARVE_AFTER = 4  # allocations a live idle site may be passed over
+DEFAULT_PLATEAU_TOL = 0.01  # a window falling by less than this fraction is flat
+DEFAULT_MAX_REFRESHES = 2   # fruitless refreshes before a site gets floor quanta only
+
+
+class Action(Enum):
+    """What the controller does with a site."""
+    GRANT = "grant"                        # run `steps` more steps
+    REFRESH = "refresh"                    # refresh samples, then run `steps` steps
+    RETIRE_FOUND = "retire_found"          # triggered: never granted again
+    RETIRE_EXHAUSTED = "retire_exhausted"  # max_steps spent
+
+
+@dataclass(frozen=True)
+class Decision:
+    site_id: str
+    action: Action
+    steps: int = 0
+
+
+@dataclass(frozen=True)
+class SiteProgress:
+    """A site's report after a quantum: ``losses`` holds the suspect loss after each step
+    of that quantum (>= 0, 0 at the boundary; nan/inf tolerated), ``steps_used`` the
+    site's total so far."""
+    site_id: str
+    steps_used: int
+    losses: tuple[float, ...]
+    best_loss: float
+    triggered: bool
+    plateau_hint: bool = False
+
+
+class Allocation(NamedTuple):
+    """One grant, for plotting: steps to ``site_id``, ``total`` granted so far overall."""
+    site_id: str
+    steps: int
+    total: int
+
+
+def _number(value: Any) -> float:
+    """``value`` as a float; nan when it is missing or not a number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+
+
+def _floats(values: Any) -> list[float]:
+    """A loss trace as floats (nan for junk); [] when it is missing or not iterable."""
+    try:
+        return [_number(v) for v in values]
+    except TypeError:
+        return []
+
+
+def _flag(value: Any) -> bool:
+    """True only for a real true value (True, numpy True, nonzero int); nan/None are False."""
+    return isinstance(value, (bool, np.bool_, int, np.integer)) and bool(value)
+
+
+def _slope(losses: Sequence[float]) -> float:
+    """Least-squares slope (loss per step) of the finite losses, by position in the trace;
+    nan with fewer than two finite points."""
+    y = np.asarray(_floats(losses), dtype=float)
+    x = np.arange(y.size, dtype=float)
+    ok = np.isfinite(y)
+    if ok.sum() < 2:
+        return math.nan
+    x, y = x[ok] - x[ok].mean(), y[ok]
+    with np.errstate(all="ignore"):
+        s = float(np.sum(x * (y - y.mean())) / np.sum(x * x))
+    return s if math.isfinite(s) else math.nan
+
+
+def _predicted_steps(loss: float, slope: float, eps: float = EPS) -> float:
+    """Steps until ``loss`` reaches 0 at ``slope``: loss / max(eps, -slope).
+
+    0 at or past the boundary; inf when the loss or the slope is unknown."""
+    loss, slope = _number(loss), _number(slope)
+    if not math.isfinite(loss) or math.isnan(slope):
+        return math.inf
+    return 0.0 if loss <= 0 else loss / max(eps, -slope)
+
+
+def _is_plateau(losses: Sequence[float], tol: float) -> bool:
+    """True when the finite losses fell by less than ``tol`` of their level (flat or
+    rising); False when too few, or at the boundary."""
+    trace = _floats(losses)
+    y = np.asarray([v for v in trace if math.isfinite(v)], dtype=float)
+    if y.size < 3:
+        return False
+    with np.errstate(all="ignore"):
+        level = float(np.mean(np.abs(y)))
+    slope = _slope(trace)
+    if not math.isfinite(level) or level == 0 or math.isnan(slope):
+        return False
+    return -slope * (len(trace) - 1) <= tol * level
+
+
+def _quantum_for(pred: float, ref: float, quantum: int, lo: int, hi: int) -> int:
+    """``quantum * ref / pred`` clamped to [lo, hi]: a site predicted to trigger ``ref``
+    steps away gets one quantum, a closer one more, a farther one less."""
+    if pred <= 0:
+        return hi
+    if not math.isfinite(pred) or not math.isfinite(ref) or ref <= 0:
+        return lo if not math.isfinite(pred) else quantum
+    return int(round(min(hi, max(lo, quantum * ref / pred))))
+
+
+def _check_int(name: str, value: Any, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
+    return int(value)
+
+
+def _check_fraction(name: str, value: Any) -> float:
+    if isinstance(value, (bool, str)) or not 0 < _number(value) < 1:
+        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
+    return float(value)
+
+
+@dataclass(eq=False)
+class _Site:
+    """The scheduler's mutable view of one site (private)."""
+    site_id: str
+    order: int
+    granted: int = 0                 # steps granted so far
+    reported: int = 0                # steps the site says it used
+    running: bool = False
+    final: str | None = None         # the site status once retired
+    pending: Action | None = None    # a RETIRE_* decision not yet returned
+    waits: int = 0                   # allocations passed over while idle
+    served: int = -1                 # sequence number of the last grant
+    trace: deque = field(default_factory=deque)
+    loss: float = math.nan           # latest finite loss
+    best: float = math.inf
+    pred: float = math.nan           # predicted steps to trigger; nan before any data
+    plateau: bool = False
+    best_at_refresh: float | None = None
+    fruitless: int = 0               # refreshes in a row that did not lower the best loss
+    hopeless: bool = False
+
+    @property
+    def live(self) -> bool:
+        return self.final is None and self.pending is None
+
+
+class Scheduler(ABC):
+    """Bookkeeping shared by all policies; a policy only ranks and sizes grants."""
+
+    policy = ""
+
+    def __init__(self, max_steps: int, quantum: int) -> None:
+        self.max_steps = _check_int("max_steps", max_steps, 1)
+        self.quantum = _check_int("quantum", quantum, 1)
+        self._sites: dict[str, _Site] = {}
+        self._log: list[Allocation] = []
+        self._total = 0
+
+    @abstractmethod
+    def _rank(self, idle: list[_Site]) -> list[tuple[_Site, Action, int]]:
+        """Idle live sites in serving order, each with its action and wanted steps."""
+
+    def _observe(self, site: _Site, progress: SiteProgress) -> None:
+        """Hook: a policy reads a report (default: nothing)."""
+
+    def _on_refresh(self, site: _Site) -> None:
+        """Hook: a REFRESH was just granted to ``site`` (default: nothing)."""
+
+    def add_site(self, site_id: str, steps_used: int = 0) -> None:
+        """Register a site (``steps_used`` > 0 when resuming); a second add is an error."""
+        if site_id in self._sites:
+            raise ValueError(f"site {site_id!r} was already added")
+        used = _check_int("steps_used", steps_used, 0)
+        self._sites[site_id] = _Site(site_id, len(self._sites), granted=used, reported=used)
+
+    def on_progress(self, progress: SiteProgress) -> None:
+        """Take a site's report after a quantum; the site is no longer running."""
+        site = self._site(progress.site_id)
+        site.running = False
+        if not site.live:
+            log.debug("progress for retired site %s ignored", site.site_id)
+            return
+        used = _number(progress.steps_used)
+        if math.isfinite(used):
+            site.reported = max(site.reported, int(used))
+        self._observe(site, progress)
+        if _flag(progress.triggered):
+            site.pending = Action.RETIRE_FOUND
+        elif self._remaining(site) <= 0:
+            site.pending = Action.RETIRE_EXHAUSTED
+
+    def retire(self, site_id: str, status: str) -> None:
+        """Controller-side retirement (error, timeout, stopped): no decision follows."""
+        site = self._site(site_id)
+        if site.final is None:
+            site.final, site.pending, site.running = str(status), None, False
+
+    def allocate(self, free_slots: int) -> list[Decision]:
+        """Pending retirements, then at most ``free_slots`` grants to idle live sites."""
+        free_slots = _check_int("free_slots", free_slots, 0)
+        decisions = self._retirements()
+        idle = [s for s in self._sites.values() if s.live and not s.running]
+        chosen = self._rank(idle)[:free_slots]
+        for site, action, wanted in chosen:
+            steps = min(wanted, self._remaining(site))
+            site.granted += steps
+            site.running, site.waits, site.served = True, 0, len(self._log)
+            self._total += steps
+            self._log.append(Allocation(site.site_id, steps, self._total))
+            if action is Action.REFRESH:
+                self._on_refresh(site)
+            decisions.append(Decision(site.site_id, action, steps))
+        if chosen:
+            for site in idle:
+                if not site.running:
+                    site.waits += 1
+        return decisions
+
+    @property
+    def done(self) -> bool:
+        """True when no site is live and every retirement has been returned."""
+        return all(s.final is not None for s in self._sites.values())
+
+    @property
+    def allocation_log(self) -> list[Allocation]:
+        return list(self._log)
+
+    def status_of(self, site_id: str) -> str:
+        """The site's status word: pending, searching, found, exhausted or as retired."""
+        site = self._site(site_id)
+        if site.final is not None:
+            return site.final
+        if site.pending is not None:
+            return "found" if site.pending is Action.RETIRE_FOUND else "exhausted"
+        return "searching" if site.served >= 0 else "pending"
+
+    def _site(self, site_id: str) -> _Site:
+        try:
+            return self._sites[site_id]
+        except KeyError:
+            raise KeyError(f"unknown site {site_id!r}") from None
+
+    def _remaining(self, site: _Site) -> int:
+        return self.max_steps - max(site.granted, site.reported)
+
+    def _retirements(self) -> list[Decision]:
+        out = []
+        for site in self._sites.values():
+            if site.live and not site.running and self._remaining(site) <= 0:
+                site.pending = Action.RETIRE_EXHAUSTED
+            if site.pending is not None:
+                out.append(Decision(site.site_id, site.pending))
+                site.final = "found" if site.pending is Action.RETIRE_FOUND else "exhausted"
+                site.pending = None
+        return out
+
+
+class RoundRobinScheduler(Scheduler):
+    """The baseline: equal quanta, least recently served site first."""
+
+    policy = "round-robin"
+
+    def _rank(self, idle: list[_Site]) -> list[tuple[_Site, Action, int]]:
+        ranked = sorted(idle, key=lambda s: (s.served, s.order))
+        return [(s, Action.GRANT, self.quantum) for s in ranked]
+
+
+class LossSlopeScheduler(Scheduler):
+    """Closest sites first, with quanta in inverse proportion to their predicted steps.
+
+    Order: sites passed over ``starve_after`` times (longest waiting first), sites never
+    served, the rest by predicted steps, then hopeless ones. Sizes: ``quantum * ref / pred``
+    with ``ref`` the median prediction of live sites, within [min_quantum, max_quantum].
+    A plateau gets a REFRESH; after ``max_refreshes`` fruitless ones in a row a site
+    that stays flat gets ``min_quantum`` only."""
+
+    policy = "loss-slope"
+
+    def __init__(self, max_steps: int, quantum: int, *, window: int = DEFAULT_WINDOW,
+                 min_quantum: int | None = None, max_quantum: int | None = None,
+                 starve_after: int = DEFAULT_STARVE_AFTER,
+                 plateau_tol: float = DEFAULT_PLATEAU_TOL,
+                 max_refreshes: int = DEFAULT_MAX_REFRESHES) -> None:
+        super().__init__(max_steps, quantum)
+        self.window = _check_int("window", window, 3)
+        lo = max(1, self.quantum // 4) if min_quantum is None else min_quantum
+        hi = DEFAULT_MAX_FACTOR * self.quantum if max_quantum is None else max_quantum
+        self.min_quantum = _check_int("min_quantum", lo, 1)
+        self.max_quantum = _check_int("max_quantum", hi, 1)
+        if not self.min_quantum <= self.quantum <= self.max_quantum:
+            raise ValueError(f"need min_quantum <= quantum <= max_quantum, got "
+                             f"{self.min_quantum} <= {self.quantum} <= {self.max_quantum}")
+        self.starve_after = _check_int("starve_after", starve_after, 1)
+        self.plateau_tol = _check_fraction("plateau_tol", plateau_tol)
+        self.max_refreshes = _check_int("max_refreshes", max_refreshes, 0)
+
+    def _observe(self, site: _Site, progress: SiteProgress) -> None:
+        losses = _floats(progress.losses)
+        site.trace = deque(list(site.trace) + losses, maxlen=self.window)
+        finite = [v for v in losses if math.isfinite(v)]
+        if finite:
+            site.loss = finite[-1]
+        best = [v for v in finite + [_number(progress.best_loss)] if math.isfinite(v)]
+        site.best = min([site.best, *best])
+        site.pred = _predicted_steps(site.loss, _slope(site.trace))
+        full = len(site.trace) == self.window
+        flat = full and _is_plateau(site.trace, self.plateau_tol)
+        site.plateau = _flag(progress.plateau_hint) or flat
+        if site.plateau and site.best_at_refresh is not None:  # judge the last refresh
+            helped = site.best < site.best_at_refresh * (1 - self.plateau_tol)
+            site.fruitless = 0 if helped else site.fruitless + 1
+            site.best_at_refresh = None
+        site.hopeless = site.plateau and site.fruitless >= self.max_refreshes
+
+    def _on_refresh(self, site: _Site) -> None:
+        site.trace.clear()
+        site.plateau, site.best_at_refresh = False, site.best
+
+    def _rank(self, idle: list[_Site]) -> list[tuple[_Site, Action, int]]:
+        preds = [s.pred for s in self._sites.values() if s.live and 0 < s.pred < math.inf]
+        ref = float(np.median(preds)) if preds else math.nan
+
+        def key(s: _Site) -> tuple:
+            if s.waits >= self.starve_after:
+                return (0, -s.waits, s.order)
+            tier = 1 if s.served < 0 else 3 if s.hopeless else 2
+            pred = math.inf if math.isnan(s.pred) else s.pred
+            return (tier, pred if tier == 2 else 0, s.order)
+
+        ranked = []
+        for s in sorted(idle, key=key):
+            if s.hopeless:
+                ranked.append((s, Action.GRANT, self.min_quantum))
+            elif s.plateau:
+                ranked.append((s, Action.REFRESH, self.quantum))
+            elif math.isnan(s.pred):
+                ranked.append((s, Action.GRANT, self.quantum))
+            else:
+                size = _quantum_for(s.pred, ref, self.quantum, self.min_quantum, self.max_quantum)
+                ranked.append((s, Action.GRANT, size))
+        return ranked
+
+
+POLICIES: dict[str, type[Scheduler]] = {
+    RoundRobinScheduler.policy: RoundRobinScheduler,
+    LossSlopeScheduler.policy: LossSlopeScheduler,
+}
+
+
+def make_scheduler(policy: str, max_steps: int, quantum: int, **options: Any) -> Scheduler:
+    """Build the scheduler named by a campaign's ``scheduler.policy`` (a str or str Enum)."""
+    cls = POLICIES.get(getattr(policy, "value", policy))
+    if cls is None:
+        raise ValueError(f"unknown scheduler policy {policy!r}; known: {sorted(POLICIES)}")
+    known = set(inspect.signature(cls.__init__).parameters) - {"self", "max_steps", "quantum"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for policy {policy!r}; "
+                         f"known: {sorted(known)}")
+    return cls(max_steps, quantum, **options)
