@@ -1,0 +1,89 @@
+"""What the search needs from a framework backend (the ``Runner`` protocol).
+
+A runner holds one built target. The search hands it the external values as
+NumPy arrays (inputs by name, weights as ``weight:<name>``) and gets plain data
+back, so ``fuzz_core`` stays framework-neutral and testable with a fake runner.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from fuzz_core.sites import OpSite
+
+WEIGHT_PREFIX = "weight:"
+
+
+@dataclass(frozen=True)
+class OpRef:
+    """An executed op, named for people: the first one that went non-finite."""
+
+    op: str
+    kind: str
+    location: str
+    occurrence: int = 0
+    nan: bool = True
+
+    def to_dict(self) -> dict:
+        return {"op": self.op, "kind": self.kind, "location": self.location,
+                "occurrence": self.occurrence, "nan": self.nan}
+
+
+@dataclass
+class Evaluation:
+    """The result of one step (one forward pass, and a backward when asked)."""
+
+    seen: bool                          # the site ran in this pass
+    hard: float                         # hard-minimum margin (linear space); <= 0 outside the domain
+    log_loss: float                     # soft-minimum of log(margin), less the log-space target (>= 0 above it)
+    triggered: bool                     # the site's own output went non-finite from finite inputs
+    event: bool                         # some qualifying non-finite value appeared in this pass
+    first_op: OpRef | None = None
+    per_sample: np.ndarray | None = None  # hard margin per sample (batch on dim 0), when defined
+    grads: dict[str, np.ndarray] | None = None       # of the hard minimum (linear space)
+    log_grads: dict[str, np.ndarray] | None = None   # of log_loss (ops measured in log space)
+    grad_norm: float = 0.0
+    connected: bool = False             # some searched value has a gradient path to the margin
+    program_loss: float = float("nan")
+    trained: bool = False
+    weights: dict[str, np.ndarray] | None = None  # searched weights after the program's training step
+    passes: int = 1                     # forward passes this evaluation cost
+
+
+@dataclass
+class CheckResult:
+    """What the check-only detector saw in one unmodified run of the program."""
+
+    event: bool
+    first_op: OpRef | None
+    triggered: dict[tuple[str, str, int], bool] = field(default_factory=dict)  # site key -> own hazard fired
+    program_loss: float = float("nan")
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    device: str = "cpu"
+    search_weights: bool = False
+    weight_range: float = 4.0      # searched weights stay within +-weight_range * max|initial|
+    input_range: float = 10.0      # unbounded inputs stay within +-input_range * max(1, max|sample|)
+
+
+class Runner(Protocol):
+    name: str
+    framework: str
+    searched: list[str]
+    trains: bool
+
+    def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]: ...
+    def bounds(self, batch: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]: ...
+    def discover(self, batch: dict[str, np.ndarray], seed: int) -> list[OpSite]: ...
+    def evaluate(self, values: dict[str, np.ndarray], site: OpSite, *, space: str, grad: bool,
+                 train: bool, seed: int) -> Evaluation: ...
+    def check(self, values: dict[str, np.ndarray], seed: int) -> CheckResult: ...
+    def weights(self) -> dict[str, np.ndarray]: ...
+    def reset(self) -> None: ...
+    def get_state(self) -> dict[str, np.ndarray]: ...
+    def set_state(self, state: dict[str, np.ndarray]) -> None: ...
+    def versions(self) -> dict[str, str]: ...

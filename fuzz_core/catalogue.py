@@ -1,0 +1,282 @@
+"""The op catalogue: which ops are suspect, how they fail, and their margins.
+
+Each :class:`OpSpec` names one family of ops for every framework (aten overload
+packets for PyTorch, op types for TensorFlow), the hazard, the valid domain of
+the input it applies to and, where a domain alone cannot say it (``pow``,
+``xlogy``, poles of ``lgamma``), a margin function of all the op's inputs.
+
+Users extend the catalogue with :func:`register_op`::
+
+    from fuzz_core.catalogue import OpSpec, register_op
+    from fuzz_core.domains import Domain, Interval
+
+    register_op(OpSpec(name="my_log", hazard="log of x <= 0",
+                       torch=("mylib::my_log",), domain=Domain.of(Interval(0.0))))
+
+Registering a name or a framework op twice is an error (``replace=True`` to override).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from fuzz_core.domains import (
+    INF, NON_NEGATIVE, NON_ZERO, POSITIVE, PROBABILITY_OPEN, UNIT_CLOSED, UNIT_OPEN,
+    ArrayNamespace, Domain, Interval,
+)
+
+MarginFn = Callable[[Sequence[Any], ArrayNamespace], Any]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One catalogue row.
+
+    name:      framework-neutral kind ("log", "div", ...).
+    hazard:    how the op fails, in words.
+    torch:     aten overload packet names (``log`` covers ``torch.log`` and
+               ``Tensor.log``; in-place ``log_`` and ``out=`` overloads are listed too).
+    tf:        TensorFlow op types.
+    domain:    valid domain of input ``arg``; the default margin uses it.
+    margin:    ``margin(inputs, xp)`` for domains that depend on several inputs;
+               returns an elementwise margin or ``None`` (no hazard in this call).
+    log_space: measure the margin in log space (quantities that approach their
+               boundary multiplicatively: probabilities, variances, sums of exps).
+    searched:  False for fused, stable-by-construction ops: recorded so a
+               finding can name them, never searched.
+    point:     invalid only at isolated points (a zero divisor, a pole): crossing
+               the boundary does not trigger, the search must land on it.
+    """
+
+    name: str
+    hazard: str
+    torch: tuple[str, ...] = ()
+    tf: tuple[str, ...] = ()
+    domain: Domain | None = None
+    arg: int = 0
+    margin: MarginFn | None = None
+    log_space: bool = False
+    searched: bool = True
+    point: bool = False
+    notes: str = field(default="", compare=False)
+
+    def margins(self, inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
+        """Elementwise margin of this call, or None when it has no hazard."""
+        if self.margin is not None:
+            return self.margin(inputs, xp)
+        if self.domain is None or self.arg >= len(inputs):
+            return None
+        x = inputs[self.arg]
+        if not xp.is_tensor(x):
+            return None
+        return self.domain.margin(xp.as_float(x, x), xp)
+
+
+class Catalogue:
+    """A registry of op specs, indexed by name and by framework op."""
+
+    def __init__(self, specs: Iterable[OpSpec] = ()) -> None:
+        self._by_name: dict[str, OpSpec] = {}
+        self._torch: dict[str, OpSpec] = {}
+        self._tf: dict[str, OpSpec] = {}
+        for spec in specs:
+            self.register(spec)
+
+    def register(self, spec: OpSpec, *, replace: bool = False) -> OpSpec:
+        if not replace:
+            if spec.name in self._by_name:
+                raise ValueError(f"op {spec.name!r} is already registered")
+            for key in spec.torch:
+                if key in self._torch:
+                    raise ValueError(f"torch op {key!r} is already registered by {self._torch[key].name!r}")
+            for key in spec.tf:
+                if key in self._tf:
+                    raise ValueError(f"tf op {key!r} is already registered by {self._tf[key].name!r}")
+        self._by_name[spec.name] = spec
+        self._torch.update({key: spec for key in spec.torch})
+        self._tf.update({key: spec for key in spec.tf})
+        return spec
+
+    def __iter__(self):
+        return iter(self._by_name.values())
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def __getitem__(self, name: str) -> OpSpec:
+        return self._by_name[name]
+
+    def for_torch(self, packet: str) -> OpSpec | None:
+        return self._torch.get(packet)
+
+    def for_tf(self, op_type: str) -> OpSpec | None:
+        return self._tf.get(op_type)
+
+    def copy(self) -> "Catalogue":
+        return Catalogue(self._by_name.values())
+
+
+# ---- margins that need more than one input -----------------------------------
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def pow_margin(inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
+    """pow(base, e): NaN for base < 0 with a fractional e; inf for base = 0 with e < 0."""
+    base, e = inputs[0], inputs[1]
+    if _is_num(base):                       # pow.Scalar: a constant base, a tensor exponent
+        e = xp.as_float(e, e)
+        if base > 0:
+            return None
+        if base == 0:
+            return e - xp.next_down(0.0, e)   # e >= 0 is valid
+        frac = xp.abs(e - xp.round(e))
+        return xp.where(frac == 0, xp.full_like(e, 1.0), -frac)
+    base = xp.as_float(base, base)
+    if _is_num(e):
+        if float(e) == int(e):
+            return xp.abs(base) if e < 0 else None
+        return base if e < 0 else base - xp.next_down(0.0, base)
+    e = xp.as_float(e, base)
+    integer = e == xp.round(e)
+    negative = e < 0
+    fractional = xp.where(negative, base, base - xp.next_down(0.0, base))
+    whole = xp.where(negative, xp.abs(base), xp.full_like(base, xp.big(base)))
+    return xp.where(integer, whole, fractional)
+
+
+def xlogy_margin(inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
+    """xlogy(x, y) = x * log(y), defined as 0 where x == 0."""
+    x, y = inputs[0], inputs[1]
+    if _is_num(y) or not xp.is_tensor(y):
+        return None
+    y = xp.as_float(y, y)
+    if _is_num(x):
+        return None if x == 0 else y
+    return xp.where(x == 0, xp.full_like(y, xp.big(y)), y)
+
+
+def _distance_to_pole(x: Any, xp: ArrayNamespace) -> Any:
+    return xp.where(x > 0, x, xp.abs(x - xp.round(x)))
+
+
+def lgamma_margin(inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
+    """lgamma: poles at the non-positive integers."""
+    x = xp.as_float(inputs[0], inputs[0])
+    return _distance_to_pole(x, xp)
+
+
+def digamma_margin(inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
+    """digamma: poles at the non-positive integers; ``-1/x`` overflows within 1/max of 0."""
+    x = xp.as_float(inputs[0], inputs[0])
+    return _distance_to_pole(x, xp) - xp.limit("digamma_radius", x)
+
+
+def mvlgamma_margin(inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
+    """mvlgamma(x, p): declared domain x > (p - 1) / 2 (as PyTorch's OpInfo)."""
+    x = xp.as_float(inputs[0], inputs[0])
+    p = inputs[1] if len(inputs) > 1 and _is_num(inputs[1]) else 1
+    return x - (p - 1) / 2.0
+
+
+def remainder_margin(inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
+    divisor = inputs[1] if len(inputs) > 1 else None
+    if divisor is None or not xp.is_tensor(divisor):
+        return None
+    return xp.abs(xp.as_float(divisor, divisor))
+
+
+def _spec_rows() -> list[OpSpec]:
+    log_domain = POSITIVE
+    return [
+        OpSpec("log", "log of x <= 0 (-inf at 0, NaN below)", torch=("log", "log_"), tf=("Log",),
+               domain=log_domain, log_space=True),
+        OpSpec("log2", "log2 of x <= 0", torch=("log2", "log2_"), domain=log_domain, log_space=True),
+        OpSpec("log10", "log10 of x <= 0", torch=("log10", "log10_"), domain=log_domain, log_space=True),
+        OpSpec("log1p", "log1p of x <= -1", torch=("log1p", "log1p_"), tf=("Log1p",),
+               domain=Domain.of(Interval(-1.0, INF)), log_space=True),
+        OpSpec("xlogy", "xlogy(x, y) with y <= 0 and x != 0", torch=("xlogy", "xlogy_", "special_xlogy"),
+               tf=("Xlogy",), margin=xlogy_margin, log_space=True),
+        OpSpec("div", "division by zero", torch=("div", "div_", "floor_divide", "floor_divide_",
+                                                 "true_divide", "true_divide_"),
+               tf=("RealDiv", "Div", "FloorDiv", "TruncateDiv"), domain=NON_ZERO, arg=1,
+               log_space=True, point=True),
+        OpSpec("reciprocal", "reciprocal of 0", torch=("reciprocal", "reciprocal_"), tf=("Reciprocal", "Inv"),
+               domain=NON_ZERO, log_space=True, point=True),
+        OpSpec("remainder", "remainder/fmod by zero (NaN)", torch=("remainder", "remainder_", "fmod", "fmod_"),
+               tf=("FloorMod", "TruncateMod", "Mod"), margin=remainder_margin, log_space=True, point=True),
+        OpSpec("sqrt", "sqrt of x < 0 (NaN)", torch=("sqrt", "sqrt_"), tf=("Sqrt",), domain=NON_NEGATIVE),
+        OpSpec("rsqrt", "rsqrt of x <= 0 (inf at 0, NaN below)", torch=("rsqrt", "rsqrt_"), tf=("Rsqrt",),
+               domain=POSITIVE, log_space=True),
+        OpSpec("exp", "exp overflow (x > ln(max finite))", torch=("exp", "exp_"), tf=("Exp",),
+               domain=Domain.of(Interval(-INF, "exp_max", hi_closed=True))),
+        OpSpec("expm1", "expm1 overflow", torch=("expm1", "expm1_"), tf=("Expm1",),
+               domain=Domain.of(Interval(-INF, "expm1_max", hi_closed=True))),
+        OpSpec("pow", "pow of a negative base with a fractional exponent, or of 0 with a negative one",
+               torch=("pow", "pow_", "float_power", "float_power_"), tf=("Pow",), margin=pow_margin,
+               log_space=True),
+        OpSpec("acos", "acos of |x| > 1 (NaN)", torch=("acos", "acos_", "arccos", "arccos_"), tf=("Acos",),
+               domain=UNIT_CLOSED),
+        OpSpec("asin", "asin of |x| > 1 (NaN)", torch=("asin", "asin_", "arcsin", "arcsin_"), tf=("Asin",),
+               domain=UNIT_CLOSED),
+        OpSpec("atanh", "atanh of |x| >= 1", torch=("atanh", "atanh_", "arctanh", "arctanh_"), tf=("Atanh",),
+               domain=UNIT_OPEN),
+        OpSpec("acosh", "acosh of x < 1 (NaN)", torch=("acosh", "acosh_", "arccosh", "arccosh_"), tf=("Acosh",),
+               domain=Domain.of(Interval(1.0, INF, lo_closed=True))),
+        OpSpec("lgamma", "lgamma at a pole (non-positive integer)", torch=("lgamma", "lgamma_"), tf=("Lgamma",),
+               margin=lgamma_margin, point=True),
+        OpSpec("digamma", "digamma at a pole (non-positive integer)", torch=("digamma", "digamma_",
+                                                                             "special_digamma", "special_psi"),
+               tf=("Digamma",), margin=digamma_margin, point=True),
+        OpSpec("erfinv", "erfinv of |x| >= 1", torch=("erfinv", "erfinv_", "special_erfinv"), tf=("Erfinv",),
+               domain=UNIT_OPEN),
+        OpSpec("logit", "logit of x <= 0 or x >= 1", torch=("logit", "logit_", "special_logit"),
+               margin=_logit_margin, log_space=True),
+        OpSpec("ndtri", "ndtri of x <= 0 or x >= 1", torch=("special_ndtri",), tf=("Ndtri",),
+               domain=PROBABILITY_OPEN, log_space=True),
+        OpSpec("mvlgamma", "mvlgamma(x, p) with x <= (p - 1) / 2", torch=("mvlgamma", "mvlgamma_",
+                                                                         "special_multigammaln"),
+               margin=mvlgamma_margin),
+        # Fused, stable by construction: recorded so a finding can name them, not searched.
+        OpSpec("log_softmax", "stable (non-finite only from non-finite inputs)",
+               torch=("_log_softmax",), tf=("LogSoftmax",), searched=False),
+        OpSpec("softmax", "stable", torch=("_softmax",), tf=("Softmax",), searched=False),
+        OpSpec("nll_loss", "stable", torch=("nll_loss_forward", "nll_loss2d_forward"), searched=False),
+        OpSpec("cross_entropy", "stable", tf=("SoftmaxCrossEntropyWithLogits",
+                                              "SparseSoftmaxCrossEntropyWithLogits"), searched=False),
+        OpSpec("binary_cross_entropy", "stable (log clamped at -100)",
+               torch=("binary_cross_entropy", "binary_cross_entropy_with_logits"), searched=False),
+        OpSpec("layer_norm", "stable (eps)", torch=("native_layer_norm",), searched=False),
+        OpSpec("softplus", "stable", torch=("softplus", "log_sigmoid_forward"), tf=("Softplus",), searched=False),
+        OpSpec("logsumexp", "stable", torch=("logsumexp",), searched=False),
+        OpSpec("attention", "scaled dot-product attention (the CPU kernels guard fully masked rows)",
+               torch=("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_attention_math",
+                      "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                      "_scaled_dot_product_cudnn_attention"), searched=False),
+    ]
+
+
+def _logit_margin(inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
+    # logit(x, eps) clamps into [eps, 1 - eps]: with an eps the op has no hazard.
+    if len(inputs) > 1 and inputs[1] is not None and _is_num(inputs[1]) and inputs[1] > 0:
+        return None
+    return PROBABILITY_OPEN.margin(xp.as_float(inputs[0], inputs[0]), xp)
+
+
+DEFAULT_CATALOGUE = Catalogue(_spec_rows())
+
+
+def register_op(spec: OpSpec, *, replace: bool = False) -> OpSpec:
+    """Add a user op to the default catalogue (see the module docstring)."""
+    return DEFAULT_CATALOGUE.register(spec, replace=replace)
+
+
+def searched_specs() -> list[OpSpec]:
+    return [s for s in DEFAULT_CATALOGUE if s.searched]
+
+
+def log_floor(tiny: float) -> float:
+    """Target of a log-space margin: a little below the log of the smallest positive float."""
+    return math.log(tiny) - 3.0

@@ -1,0 +1,256 @@
+"""The search for one op site: steps, budget, trace, candidate.
+
+:class:`SiteSearch` owns the budget and the site's state; a strategy decides
+where to step next and calls :meth:`SiteSearch.evaluate`, which counts every
+forward pass and ends the quantum the moment the site triggers or the budget is
+spent. The whole state is plain NumPy and JSON, so it checkpoints anywhere.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fuzz_core.backends.base import WEIGHT_PREFIX, Evaluation, OpRef, Runner
+from fuzz_core.catalogue import DEFAULT_CATALOGUE, OpSpec
+from fuzz_core.sites import OpSite
+from fuzz_core.status import SiteStatus
+
+STRATEGIES = ("adaptive", "grist", "random")
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    strategy: str = "adaptive"
+    max_steps: int = 500
+    seed: int = 0
+    search_weights: bool = False
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+
+
+@dataclass(frozen=True)
+class TracePoint:
+    step: int
+    suspect_loss: float
+    best_loss: float
+    grad_norm: float
+    event: str          # "step", "retry", "mutation", "refresh", "trigger"
+    triggered: bool
+    wall_s: float
+
+
+@dataclass
+class Candidate:
+    """A site that triggered, before replay confirms it."""
+
+    values: dict[str, np.ndarray]       # the batch (every input, searched or not)
+    state: dict[str, np.ndarray] | None  # model/optimizer state when it differs from the factory's
+    step: int
+    seed: int                           # the step's seed (randomness inside the program)
+    first_op: OpRef | None
+    training: bool
+    weights_searched: bool
+    bounds: dict[str, tuple[float, float]]
+
+
+@dataclass
+class QuantumResult:
+    site_id: str
+    steps: int                  # total steps used by the site so far
+    steps_quantum: int
+    trace: list[TracePoint]
+    status: SiteStatus
+    best_loss: float
+    candidate: Candidate | None = None
+    error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def triggered(self) -> bool:
+        return self.candidate is not None
+
+
+class QuantumOver(Exception):
+    """The quantum or the site's budget is spent."""
+
+
+class Triggered(Exception):
+    """The site's own output went non-finite: stop with a candidate."""
+
+
+def step_seed(seed: int, site_id: str, step: int) -> int:
+    """The seed of one step's randomness inside the program: campaign seed, site and step."""
+    digest = hashlib.sha256(f"{seed}:{site_id}:{step}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def suspect_loss(ev: Evaluation, spec: OpSpec) -> float:
+    """The distance to the boundary that traces and the scheduler see: >= 0, 0 at the edge."""
+    if not ev.seen:
+        return math.inf
+    if ev.triggered:
+        return 0.0
+    if spec.log_space and math.isfinite(ev.log_loss):
+        return max(0.0, ev.log_loss)
+    return max(0.0, ev.hard)
+
+
+class SiteSearch:
+    """The state and budget of the search for one site, driven by a strategy."""
+
+    def __init__(self, runner: Runner, site: OpSite, config: SearchConfig, strategy: Any = None) -> None:
+        from fuzz_core.strategies import make_strategy
+
+        self.runner = runner
+        self.site = site
+        self.config = config
+        self.spec = DEFAULT_CATALOGUE[site.op]
+        self.strategy = strategy or make_strategy(config.strategy)
+        self.rng = np.random.default_rng([config.seed, int(site.id, 16) & 0xFFFFFFFF])
+        runner.reset()
+        self.values: dict[str, np.ndarray] = dict(runner.sample(self.rng))
+        if config.search_weights:
+            self.values.update(runner.weights())
+        self.bounds = runner.bounds(self.values)
+        self.values = self.clip(self.values)
+        self.original = {k: v.copy() for k, v in self.values.items()}
+        self.step = 0
+        self.best = math.inf
+        self.trained = False
+        self.unreachable = False
+        self.seconds = 0.0
+        self.strategy_state: dict[str, Any] = {}   # checkpointed (arrays and JSON values)
+        self.cache: dict[str, Any] = {}            # transient (the last evaluation), not checkpointed
+        self._trace: list[TracePoint] = []
+        self._end = 0
+        self._t0 = 0.0
+        self.candidate: Candidate | None = None
+
+    # -- what strategies use ------------------------------------------------------------
+    @property
+    def searched(self) -> list[str]:
+        return [k for k in self.values if k in self.bounds]
+
+    @property
+    def batch_size(self) -> int:
+        for k, v in self.values.items():
+            if not k.startswith(WEIGHT_PREFIX):
+                return int(v.shape[0])
+        return 1
+
+    def clip(self, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = {}
+        for k, v in values.items():
+            if k in self.bounds:
+                lo, hi = self.bounds[k]
+                v = np.clip(np.nan_to_num(v, nan=lo, posinf=hi, neginf=lo), lo, hi).astype(self.original_dtype(k, v))
+            out[k] = v
+        return out
+
+    def original_dtype(self, key: str, v: np.ndarray):
+        ref = getattr(self, "original", None)
+        return ref[key].dtype if ref and key in ref else v.dtype
+
+    def fresh_batch(self) -> dict[str, np.ndarray]:
+        return self.clip(self.runner.sample(self.rng))
+
+    def evaluate(self, values: dict[str, np.ndarray], *, event: str = "step", grad: bool = True) -> Evaluation:
+        """One step at ``values``. Raises Triggered or QuantumOver; keeps the trace."""
+        if self.step >= self._end:
+            raise QuantumOver
+        seed = step_seed(self.config.seed, self.site.id, self.step)
+        ev = self.runner.evaluate(values, self.site, grad=grad, train=True, seed=seed)
+        self.step += ev.passes
+        self.trained = self.trained or ev.trained
+        loss = suspect_loss(ev, self.spec)
+        self.best = min(self.best, loss)
+        self._trace.append(TracePoint(self.step, loss, self.best, ev.grad_norm,
+                                      "trigger" if ev.triggered else event, ev.triggered,
+                                      time.perf_counter() - self._t0 + self.seconds))
+        if ev.triggered:
+            self.candidate = self._candidate(values, ev, seed)
+            raise Triggered
+        if ev.weights is not None:
+            values.update(ev.weights)
+        return ev
+
+    def _candidate(self, values: dict[str, np.ndarray], ev: Evaluation, seed: int) -> Candidate:
+        batch = {k: np.array(v) for k, v in values.items() if not k.startswith(WEIGHT_PREFIX)}
+        changed = self.trained or self.config.search_weights
+        return Candidate(batch, self.runner.get_state() if changed else None, self.step, seed, ev.first_op,
+                         self.trained, self.config.search_weights, dict(self.bounds))
+
+    # -- running a quantum --------------------------------------------------------------
+    def run(self, steps: int, refresh: bool = False) -> QuantumResult:
+        """Run up to ``steps`` steps (never past max_steps); stop early when triggered."""
+        self._trace = []
+        start = self.step
+        self._end = min(self.step + max(0, steps), self.config.max_steps)
+        self._t0 = time.perf_counter()
+        try:
+            if refresh:
+                self.strategy.refresh(self, fraction=0.25)
+            while self.step < self._end and not self.unreachable:
+                self.strategy.iterate(self)
+        except (QuantumOver, Triggered):
+            pass
+        finally:
+            self.seconds += time.perf_counter() - self._t0
+        return QuantumResult(self.site.id, self.step, self.step - start, self._trace, self.status(),
+                             self.best, self.candidate, seconds=self.seconds)
+
+    def status(self) -> SiteStatus:
+        if self.candidate is not None:
+            return SiteStatus.FOUND
+        if self.unreachable:
+            return SiteStatus.UNREACHABLE
+        if self.step >= self.config.max_steps:
+            return SiteStatus.EXHAUSTED
+        return SiteStatus.SEARCHING
+
+    # -- checkpoints --------------------------------------------------------------------
+    def checkpoint(self) -> tuple[dict[str, np.ndarray], dict]:
+        """(arrays, json-able meta): values, runner state, strategy arrays; step, best, RNG."""
+        arrays = {"values." + k: v for k, v in self.values.items()}
+        arrays.update({"state." + k: v for k, v in self.runner.get_state().items()})
+        meta_strategy = {}
+        for k, v in self.strategy_state.items():
+            if isinstance(v, np.ndarray):
+                arrays["strategy." + k] = v
+            elif isinstance(v, dict) and all(isinstance(x, np.ndarray) for x in v.values()):
+                arrays.update({f"strategy.{k}/{n}": x for n, x in v.items()})
+            else:
+                meta_strategy[k] = v
+        meta = {"step": self.step, "best": self.best, "trained": self.trained, "seconds": self.seconds,
+                "unreachable": self.unreachable, "rng": self.rng.bit_generator.state,
+                "strategy": meta_strategy, "bounds": {k: list(v) for k, v in self.bounds.items()}}
+        return arrays, meta
+
+    def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        self.values = {k[7:]: v for k, v in arrays.items() if k.startswith("values.")}
+        self.runner.set_state({k[6:]: v for k, v in arrays.items() if k.startswith("state.")})
+        state: dict[str, Any] = dict(meta.get("strategy", {}))
+        for k, v in arrays.items():
+            if k.startswith("strategy."):
+                name = k[9:]
+                if "/" in name:
+                    outer, inner = name.split("/", 1)
+                    state.setdefault(outer, {})[inner] = v
+                else:
+                    state[name] = v
+        self.strategy_state = state
+        self.cache = {}
+        self.step, self.best = int(meta["step"]), float(meta["best"])
+        self.trained, self.seconds = bool(meta["trained"]), float(meta["seconds"])
+        self.unreachable = bool(meta.get("unreachable", False))
+        self.rng.bit_generator.state = meta["rng"]
+        self.bounds = {k: (float(v[0]), float(v[1])) for k, v in meta["bounds"].items()}

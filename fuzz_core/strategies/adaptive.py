@@ -1,0 +1,152 @@
+"""CDeepFuzz's own strategy: Polyak steps that land on the boundary, then finish the job.
+
+Each iteration proposes, in order, until one lowers the hard-minimum margin:
+
+1. a Polyak step ``(L - L*) / |g|^2 * g`` in the space that suits the op: in log
+   space for quantities that approach their edge multiplicatively (a softmax or
+   sigmoid output, a sum of exps: ``log p`` is nearly linear in the logits, so one
+   step reaches the underflow), in the op's input space otherwise, aiming past the
+   edge (``overshoot``) for hazards that are crossed, exactly onto it for hazards
+   at a point (a zero divisor). The step is solved inside the box (bounds), so
+   clipping does not eat it;
+2. the same step in the other space, then shorter steps (backtracking);
+3. a sign step when the gradient vanishes;
+4. mutations to interesting values: the weakest sample set to 0, to a copy of
+   another sample, to its own mean (equal features), to the bounds, to +-1.
+   Floating point is discrete: a gradient step rarely lands *exactly* on a zero
+   divisor or makes two vectors exactly parallel; these values do.
+
+A site that stalls refreshes its least important samples (importance: how far each
+sample's suspect loss moved). Every forward pass counts as a step.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import numpy as np
+
+from fuzz_core.backends.base import WEIGHT_PREFIX, Evaluation
+from fuzz_core.strategies.base import Strategy, box_step, note_reachability, refresh_samples, sign_step
+
+OVERSHOOT = 0.5          # linear steps aim this fraction of the margin past a crossed edge
+BACKTRACK = (0.5, 0.25)  # shorter steps tried after the full ones
+SIGN_FRACTION = 0.1      # sign-step size, as a fraction of each value's box
+STALL_REFRESH = 3        # iterations without progress before a refresh
+REFRESH_FRACTION = 0.25
+MUTATIONS = ("zero", "copy", "flat", "low", "high", "one", "minus_one")
+
+
+class Adaptive(Strategy):
+    name = "adaptive"
+
+    def iterate(self, s) -> None:
+        cur: Evaluation | None = s.cache.get("current")
+        if cur is None:
+            cur = s.evaluate(s.values)
+            note_reachability(s, cur)
+            self._accept(s, s.values, cur, "step")
+            if s.unreachable:
+                return
+        for label, x_new in self._proposals(s, cur):
+            ev = s.evaluate(x_new, event=label)
+            if ev.seen and ev.hard < cur.hard:
+                self._accept(s, x_new, ev, label)
+                return
+        st = s.strategy_state
+        st["stall"] = st.get("stall", 0) + 1
+        if st["stall"] >= STALL_REFRESH:
+            st["stall"] = 0
+            refresh_samples(s, REFRESH_FRACTION, cur.per_sample)
+            s.cache.pop("current", None)
+
+    def _accept(self, s, values: dict, ev: Evaluation, label: str) -> None:
+        s.values = values
+        s.cache["current"] = ev
+        if ev.per_sample is not None:
+            s.strategy_state["last_per_sample"] = ev.per_sample
+        if label in ("log", "linear"):
+            s.strategy_state["prefer"] = label
+        s.strategy_state["stall"] = 0
+
+    def _proposals(self, s, cur: Evaluation) -> Iterator[tuple[str, dict]]:
+        spaces = self._spaces(s, cur)
+        steps: dict[str, dict] = {}
+        for space in spaces:
+            x_new = self._polyak(s, cur, space, 1.0)
+            if x_new is not None:
+                steps[space] = x_new
+                yield space, x_new
+        for t in BACKTRACK:
+            for space in spaces:
+                if space in steps:
+                    x_new = self._polyak(s, cur, space, t)
+                    if x_new is not None:
+                        yield "retry", x_new
+        if cur.grads is not None and cur.connected and not steps:
+            sizes = {k: SIGN_FRACTION * (hi - lo) for k, (lo, hi) in s.bounds.items()}
+            yield "sign", sign_step(s.values, cur.grads, sizes, s.bounds)
+        yield from self._mutations(s, cur)
+
+    def _spaces(self, s, cur: Evaluation) -> list[str]:
+        spaces = ["linear"]
+        if s.spec.log_space and cur.log_grads is not None and math.isfinite(cur.log_loss):
+            first = s.strategy_state.get("prefer", "log")
+            spaces = ["log", "linear"] if first == "log" else ["linear", "log"]
+        return spaces
+
+    def _polyak(self, s, cur: Evaluation, space: str, t: float) -> dict | None:
+        if space == "log":
+            grads, decrease = cur.log_grads, cur.log_loss
+        else:
+            grads = cur.grads
+            decrease = cur.hard if s.spec.point else cur.hard * (1 + OVERSHOOT)
+        if grads is None or not (decrease > 0) or not math.isfinite(decrease):
+            return None
+        return box_step(s.values, grads, t * decrease, s.bounds)
+
+    def _mutations(self, s, cur: Evaluation) -> Iterator[tuple[str, dict]]:
+        rows = self._weakest_rows(s, cur)
+        inputs = [k for k in s.searched if not k.startswith(WEIGHT_PREFIX)]
+        for kind in MUTATIONS:
+            x_new = dict(s.values)
+            changed = False
+            for key in inputs:
+                value = np.array(s.values[key], copy=True)
+                lo, hi = s.bounds[key]
+                mutated = _mutate(kind, value, rows, lo, hi)
+                if mutated is not None and not np.array_equal(mutated, value):
+                    x_new[key] = mutated.astype(value.dtype)
+                    changed = True
+            if changed:
+                yield "mutation", x_new
+
+    def _weakest_rows(self, s, cur: Evaluation) -> list[int]:
+        if cur.per_sample is not None and len(cur.per_sample) == s.batch_size:
+            return [int(np.argmin(cur.per_sample))]
+        return list(range(s.batch_size))
+
+
+def _mutate(kind: str, value: np.ndarray, rows: list[int], lo: float, hi: float) -> np.ndarray | None:
+    out = value.copy()
+    if kind == "zero":
+        out[rows] = np.clip(0.0, lo, hi)
+    elif kind == "copy":
+        if value.shape[0] < 2:
+            return None
+        donor = (rows[0] + 1) % value.shape[0]
+        out[rows] = value[donor]
+    elif kind == "flat":
+        if value.ndim < 2:
+            return None
+        axes = tuple(range(1, value.ndim))
+        out[rows] = value[rows].mean(axis=axes, keepdims=True)
+    elif kind == "low":
+        out[rows] = lo
+    elif kind == "high":
+        out[rows] = hi
+    elif kind == "one":
+        out[rows] = np.clip(1.0, lo, hi)
+    elif kind == "minus_one":
+        out[rows] = np.clip(-1.0, lo, hi)
+    return out
