@@ -1,0 +1,1 @@
+"""Campaign orchestration: scheduler, Ray actors, tracking, Parquet store and CLI."""
