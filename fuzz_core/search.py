@@ -217,6 +217,19 @@ class SiteSearch:
             return SiteStatus.EXHAUSTED
         return SiteStatus.SEARCHING
 
+    # -- sharing a runner between sites ------------------------------------------------
+    def park(self) -> None:
+        """Keep this site's model state aside: another site may use the runner next."""
+        self._parked = self.runner.get_state() if (self.trained or self.config.search_weights) else None
+
+    def resume(self) -> None:
+        """Give the runner back this site's model state (the factory's, if it never changed)."""
+        self.runner.reset()
+        parked = getattr(self, "_parked", None)
+        if parked:
+            self.runner.set_state(parked)
+        self.cache = {}
+
     # -- checkpoints --------------------------------------------------------------------
     def checkpoint(self) -> tuple[dict[str, np.ndarray], dict]:
         """(arrays, json-able meta): values, runner state, strategy arrays; step, best, RNG."""

@@ -1,0 +1,147 @@
+"""Findings: confirmed bugs, their folders, and their signatures.
+
+A finding folder holds two files with fixed names:
+
+* ``finding.json``: the report (site, hazard, first op that went non-finite and
+  where, step, seeds, strategy, trigger, training, bounds, minimisation, versions,
+  replay command). Written last: its presence means the folder is complete.
+* ``values.safetensors``: the external values: ``input.<name>`` for every input
+  of the batch and, when the weights differ from the factory's (searched or
+  trained), ``state.<key>`` for the model and optimizer state.
+"""
+from __future__ import annotations
+
+import hashlib
+import platform
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fuzz_core.io import atomic_save_arrays, atomic_write_json, load_arrays, read_json
+from fuzz_core.sites import OpSite
+
+SCHEMA_VERSION = 1
+REPORT = "finding.json"
+VALUES = "values.safetensors"
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def signature(target: str, op: str, location: str, hazard: str) -> str:
+    """Dedupe key of a bug: the same bug found twice has the same signature."""
+    return hashlib.sha1(f"{target}\x00{op}\x00{location}\x00{hazard}".encode()).hexdigest()[:16]
+
+
+@dataclass
+class Finding:
+    """A confirmed bug, with everything needed to replay it."""
+
+    site: OpSite
+    target: dict[str, Any]               # name, entry, args, framework, seed
+    inputs: dict[str, np.ndarray]
+    state: dict[str, np.ndarray] | None  # model/optimizer state when it is not the factory's
+    step: int                            # the site's step at which it triggered
+    step_seed: int
+    strategy: str
+    first_op: dict[str, Any] | None
+    trigger: str                         # "inputs" | "weights"
+    training: bool
+    bounds: dict[str, tuple[float, float]]
+    seconds: float = 0.0
+    minimised: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    device: str = "cpu"
+
+    @property
+    def signature(self) -> str:
+        return signature(self.site.target, self.site.op, self.site.location, self.site.hazard)
+
+    @property
+    def folder_name(self) -> str:
+        return _SAFE.sub("_", f"{self.site.target}-{self.site.op}-{self.site.id}")
+
+    def report(self, folder: Path | None = None) -> dict[str, Any]:
+        batch = next(iter(self.inputs.values())).shape[0] if self.inputs else 0
+        replay = f"cdeepfuzz replay {folder.as_posix()}" if folder is not None else "cdeepfuzz replay <this folder>"
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "site": self.site.to_dict(),
+            "hazard": self.site.hazard,
+            "signature": self.signature,
+            "first_op": self.first_op,
+            "step": self.step,
+            "step_seed": self.step_seed,
+            "seconds": round(self.seconds, 4),
+            "strategy": self.strategy,
+            "trigger": self.trigger,
+            "training": self.training,
+            "target": self.target,
+            "bounds": {k: list(v) for k, v in self.bounds.items()},
+            "batch_size": int(batch),
+            "minimised": self.minimised,
+            "device": self.device,
+            "versions": {"cdeepfuzz": _version(), "python": platform.python_version(),
+                         "numpy": np.__version__, **self.versions},
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "replay": replay,
+        }
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        arrays = {"input." + k: np.asarray(v) for k, v in self.inputs.items()}
+        if self.state:
+            arrays.update({"state." + k: np.asarray(v) for k, v in self.state.items()})
+        return arrays
+
+
+def write_finding(finding: Finding, folder: Path, display: Path | None = None) -> Path:
+    """Write the folder atomically: values first, then the report that marks it complete."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_save_arrays(folder / VALUES, finding.arrays(), metadata={"signature": finding.signature})
+    atomic_write_json(folder / REPORT, finding.report(display or folder))
+    return folder
+
+
+@dataclass
+class LoadedFinding:
+    folder: Path
+    report: dict[str, Any]
+    inputs: dict[str, np.ndarray]
+    state: dict[str, np.ndarray] | None
+
+    @property
+    def site(self) -> OpSite:
+        return OpSite.from_dict(self.report["site"])
+
+
+class FindingError(ValueError):
+    """A finding folder that is incomplete, malformed or unsafe."""
+
+
+def load_finding(folder: Path) -> LoadedFinding:
+    folder = Path(folder)
+    report_path, values_path = folder / REPORT, folder / VALUES
+    for p in (report_path, values_path):
+        if p.is_symlink():
+            raise FindingError(f"{p}: refusing a symbolic link in a finding folder")
+        if not p.is_file():
+            raise FindingError(f"{folder}: not a finding folder (no {p.name})")
+    try:
+        report = read_json(report_path)
+        arrays = load_arrays(values_path)
+    except Exception as exc:  # noqa: BLE001 - any decoding problem is the folder's
+        raise FindingError(f"{folder}: cannot read the finding: {exc}") from None
+    if not isinstance(report, dict) or "site" not in report or "target" not in report:
+        raise FindingError(f"{report_path}: missing 'site' or 'target'")
+    inputs = {k[6:]: v for k, v in arrays.items() if k.startswith("input.")}
+    state = {k[6:]: v for k, v in arrays.items() if k.startswith("state.")} or None
+    return LoadedFinding(folder, report, inputs, state)
+
+
+def _version() -> str:
+    from fuzz_core import __version__
+
+    return __version__

@@ -1,0 +1,189 @@
+"""Running a campaign end to end: folders, Ray, MLflow, the controller, summary.json.
+
+``run_campaign`` is what ``cdeepfuzz run`` calls; it returns the CLI's exit code:
+0 completed with no finding, 1 findings, 2 usage or configuration error (raised
+as ConfigError before anything starts), 3 a target could not be built or run.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from fuzz_core.engine import TargetSpec
+from fuzz_core.search import SearchConfig
+from fuzz_core.status import SiteStatus
+from orchestrator.config import Campaign, ConfigError, cluster_mode
+from orchestrator.controller import Controller, LoopLimits
+from orchestrator.executors import LocalExecutor
+from orchestrator.progress import Progress
+from orchestrator.summary import now, write_summary
+from orchestrator.worker import WorkerOptions
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_TARGET = 0, 1, 2, 3
+
+
+@dataclass
+class RunOptions:
+    tracking_uri: str | None = None
+    address: str | None = None
+    local: bool = False             # run every site in this process (no Ray)
+    progress: bool = True
+    live: bool | None = None        # rich live table (default: when stderr is a TTY)
+    output: str | None = None
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int
+    run_dir: Path
+    summary: Path
+    tracking_uri: str | None
+    findings: int
+
+
+def resolve_tracking_uri(campaign: Campaign, output_root: Path, cli_uri: str | None) -> str:
+    """``--tracking-uri``, then ``tracking.uri``, then MLFLOW_TRACKING_URI, then SQLite in the output."""
+    uri = cli_uri or campaign.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    return "sqlite:///" + (output_root.resolve() / "mlflow.db").as_posix()
+
+
+def check_cluster_settings(campaign: Campaign, output: str, uri: str | None, path: Path) -> None:
+    if not cluster_mode():
+        return
+    if not (Path(output).is_absolute() or "://" in output):
+        raise ConfigError(f"{path}: output: on a cluster (RAY_ADDRESS is set) the output must be an absolute "
+                          f"path or a URI, shared by every node (got {output!r})")
+    if campaign.tracking.enabled and uri and not uri.startswith(("http://", "https://", "databricks")):
+        raise ConfigError(f"{path}: tracking.uri: on a cluster (RAY_ADDRESS is set) the tracking URI must be an "
+                          f"MLflow server (http://...), given with --tracking-uri, tracking.uri or "
+                          f"MLFLOW_TRACKING_URI (got {uri!r})")
+
+
+def make_run_dir(root: Path, name: str) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = root / f"{name}-{stamp}"
+    n = 1
+    while run_dir.exists():
+        n += 1
+        run_dir = root / f"{name}-{stamp}-{n}"
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+def target_specs(campaign: Campaign) -> dict[str, TargetSpec]:
+    base = os.getcwd()
+    return {t.name: TargetSpec(t.name, t.entry, dict(t.args), t.framework, campaign.search.seed, base)
+            for t in campaign.targets}
+
+
+def run_campaign(campaign: Campaign, path: Path, options: RunOptions = RunOptions()) -> RunOutcome:
+    output = options.output or campaign.output
+    cli_uri = options.tracking_uri
+    explicit_uri = cli_uri or campaign.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    check_cluster_settings(campaign, output, explicit_uri, path)
+    root = Path(output)
+    root.mkdir(parents=True, exist_ok=True)
+    uri = resolve_tracking_uri(campaign, root, cli_uri) if campaign.tracking.enabled else None
+    run_dir = make_run_dir(root, campaign.name)
+    local = options.local or campaign.resources.num_actors == 0
+    executor = _local_executor(campaign) if local else _ray_executor(campaign, options.address)
+    tracker = _tracker(uri, campaign, run_dir) if uri else None
+    store = _store(root, campaign.name, run_dir.name)
+    config = SearchConfig(campaign.search.strategy, campaign.search.max_steps, campaign.search.seed,
+                          campaign.search.search_weights)
+    specs = target_specs(campaign)
+    started = now()
+    t0 = time.monotonic()
+    budget = campaign.search.max_steps
+    with Progress(campaign.name, budget, campaign.time_limit_s, options.progress, options.live) as progress:
+        progress.message(f"cdeepfuzz: campaign {campaign.name} -> {run_dir}"
+                         + (f" (MLflow: {uri})" if uri else ""))
+        ctl = Controller(campaign, run_dir, executor, tracker, store, progress, specs, config,
+                         LoopLimits(campaign.time_limit_s, campaign.resources.max_restarts))
+
+        def summary(state: str, code: int | None = None) -> Path:
+            run = {"folder": run_dir.as_posix(), "started": started, "updated": now(), "state": state,
+                   "seconds": round(time.monotonic() - t0, 3), "exit_code": code, "tracking_uri": uri,
+                   "mlflow_run_id": tracker.run_id("campaign") if tracker else None,
+                   "stopped": ctl.stopped_reason, "executor": "local" if local else "ray"}
+            return write_summary(run_dir, {"name": campaign.name, "file": str(path),
+                                           "config": campaign.model_dump()}, run,
+                                 list(ctl.targets.values()), list(ctl.sites.values()))
+
+        ctl.on_change = lambda: summary("running")
+        end_status = "FAILED"
+        try:
+            if tracker is not None:
+                from orchestrator.config import flatten
+
+                tracker.start_campaign("campaign", run_dir.name, flatten(campaign),
+                                       {"campaign": campaign.name, "run.folder": run_dir.name})
+            ctl.discover()
+            progress.budget = max(1, budget * len(ctl.sites))
+            summary("running")
+            ctl.run()
+            end_status = "KILLED" if ctl.stopped_reason == "interrupted" else "FINISHED"
+        finally:
+            code = exit_code(ctl)
+            path_summary = summary("stopped" if ctl.stopped_reason else "completed", code)
+            if tracker is not None:
+                tracker.set_tags("campaign", {"exit_code": str(code), "findings": str(_findings(ctl))})
+                tracker.end("campaign", end_status)
+                tracker.close(timeout=30, status="KILLED")
+            executor.shutdown()
+        progress.message(f"cdeepfuzz: {_findings(ctl)} finding(s); summary: {path_summary}")
+        if uri:
+            progress.message(f"cdeepfuzz: mlflow ui --backend-store-uri {uri}")
+    return RunOutcome(code, run_dir, path_summary, uri, _findings(ctl))
+
+
+def _findings(ctl: Controller) -> int:
+    return sum(1 for s in ctl.sites.values() if s.finding)
+
+
+def exit_code(ctl: Controller) -> int:
+    if any(t.status == "error" for t in ctl.targets.values()) or any(
+            s.status is SiteStatus.ERROR for s in ctl.sites.values()):
+        return EXIT_TARGET
+    return EXIT_FINDINGS if _findings(ctl) else EXIT_OK
+
+
+def worker_options(campaign: Campaign) -> WorkerOptions:
+    return WorkerOptions(device=campaign.device, search_weights=campaign.search.search_weights,
+                         num_threads=max(1, int(math.floor(campaign.resources.num_cpus))),
+                         minimise=campaign.search.minimise)
+
+
+def _local_executor(campaign: Campaign) -> LocalExecutor:
+    return LocalExecutor(worker_options(campaign))
+
+
+def _ray_executor(campaign: Campaign, address: str | None):
+    from orchestrator.ray_runtime import ensure_ray
+    from orchestrator.ray_executor import RayExecutor
+
+    res = campaign.resources
+    num_gpus = ensure_ray(address, res)
+    return RayExecutor(worker_options(campaign), res.num_actors, res.num_cpus,
+                       res.num_gpus if num_gpus else 0.0, res.max_restarts, campaign.quantum_timeout_s)
+
+
+def _tracker(uri: str, campaign: Campaign, run_dir: Path):
+    from orchestrator.tracking import Tracker
+
+    return Tracker(uri, campaign.name, run_dir)
+
+
+def _store(root: Path, campaign: str, run: str):
+    from orchestrator.store import ParquetStore
+
+    return ParquetStore(root, campaign, run)

@@ -1,0 +1,146 @@
+"""The ``cdeepfuzz`` command. Each command parses its arguments and calls one library function.
+
+Exit codes of ``run``: 0 no finding, 1 findings, 2 usage or configuration error,
+3 a target could not be built or run. ``replay``: 0 reproduced, 1 not reproduced, 2 usage.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from orchestrator.config import ConfigError, load_campaign
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Find NaN/Inf bugs in deep-learning programs by gradient back-propagation.")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"cdeepfuzz: error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def run(
+    campaign: Path = typer.Argument(..., help="campaign YAML file"),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking URI"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (else RAY_ADDRESS)"),
+    local: bool = typer.Option(False, "--local", help="run every site in this process, without Ray"),
+    output: Optional[str] = typer.Option(None, "--output", help="override the campaign's output folder"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output"),
+    plain: bool = typer.Option(False, "--plain", help="plain progress lines even on a terminal"),
+) -> None:
+    """Run a campaign: discover every suspect op site and search them."""
+    from orchestrator.campaign import RunOptions, run_campaign
+
+    try:
+        cfg = load_campaign(campaign)
+        outcome = run_campaign(cfg, campaign, RunOptions(tracking_uri=tracking_uri, address=address, local=local,
+                                                         progress=not quiet, live=False if plain else None,
+                                                         output=output))
+    except ConfigError as exc:
+        _fail(str(exc))
+    raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def sites(campaign: Path = typer.Argument(..., help="campaign YAML file"),
+          as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
+    """List every suspect op site found in the campaign's targets (nothing is searched)."""
+    from orchestrator.campaign import target_specs, worker_options
+    from orchestrator.worker import TargetFailure, Worker
+
+    try:
+        cfg = load_campaign(campaign)
+    except ConfigError as exc:
+        _fail(str(exc))
+    worker = Worker(worker_options(cfg))
+    rows, failed = [], False
+    for spec in target_specs(cfg).values():
+        try:
+            found = worker.discover(spec)
+        except TargetFailure as exc:
+            failed = True
+            typer.echo(f"cdeepfuzz: target {spec.name}: could not be built or run: {exc}\n{exc.tb}", err=True)
+            continue
+        rows += [s.to_dict() for s in found]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+    else:
+        _sites_table(rows)
+    raise typer.Exit(3 if failed else 0)
+
+
+def _sites_table(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{sum(r['searched'] for r in rows)} suspect op sites "
+                        f"({sum(not r['searched'] for r in rows)} stable ops recorded, not searched)")
+    for col in ("target", "op", "kind", "hazard", "location", "occ", "id", "searched"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["target"], r["op"], r["kind"], r["hazard"], r["location"], str(r["occurrence"]),
+                      r["id"], "yes" if r["searched"] else "no (stable)")
+    Console().print(table)
+
+
+@app.command()
+def replay(folder: Path = typer.Argument(..., help="a finding folder"),
+           trust: bool = typer.Option(False, "--trust", help="run a factory outside the current directory tree"),
+           device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto")) -> None:
+    """Rebuild the target, restore the saved values, run the unmodified program: exit 0 if the bug reproduces."""
+    from orchestrator.replaying import ReplayError, replay_folder
+
+    try:
+        reproduced, message = replay_folder(folder, trust=trust, device=device)
+    except ReplayError as exc:
+        _fail(str(exc))
+    typer.echo(message)
+    raise typer.Exit(0 if reproduced else 1)
+
+
+@app.command()
+def bugs(campaign: Optional[str] = typer.Option(None, "--campaign", help="only this campaign"),
+         state: Optional[str] = typer.Option(None, "--state", help="triage state: new, confirmed, ..."),
+         tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri"),
+         as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
+    """List findings from MLflow."""
+    from orchestrator.bugs import find_tracking_uri, list_bugs
+
+    uri = find_tracking_uri(tracking_uri)
+    if uri is None:
+        _fail("no tracking store: give --tracking-uri, set MLFLOW_TRACKING_URI, or run from a folder with runs")
+    rows = list_bugs(uri, campaign, state)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} finding(s) in {uri}")
+    for col in ("campaign", "site", "hazard", "steps", "status", "triage", "run id"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(str(r.get("campaign", "")), str(r.get("label") or r.get("site_id", "")),
+                      str(r.get("hazard", "")), str(r.get("steps", "")), str(r.get("status", "")),
+                      str(r.get("triage", "")), str(r.get("run_id", "")))
+    Console().print(table)
+
+
+def main() -> None:
+    logging.basicConfig(level=os.environ.get("CDEEPFUZZ_LOG", "WARNING").upper(),
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""The campaign file: pydantic models (``extra="forbid"``) and one-line errors.
+
+Every problem with a campaign file is reported as ``<file>: <field>: <problem> (got <value>)``
+and the CLI exits with code 2, before anything starts.
+"""
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fuzz_core.loader import EntryError, entry_file, split_entry
+
+SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class ConfigError(ValueError):
+    """A user mistake in a campaign file or the command line: exit 2, no traceback."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class TargetConfig(_Model):
+    name: str = Field(pattern=SAFE_NAME, max_length=80)
+    entry: str
+    framework: Literal["torch", "tensorflow"] | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("entry")
+    @classmethod
+    def _entry_shape(cls, v: str) -> str:
+        try:
+            split_entry(v)
+        except EntryError as exc:
+            raise ValueError(str(exc)) from None
+        return v
+
+
+class SearchConfigModel(_Model):
+    strategy: Literal["adaptive", "grist", "random"] = "adaptive"
+    max_steps: int = Field(500, ge=1, le=10_000_000)
+    seed: int = Field(0, ge=0, lt=2**31)
+    search_weights: bool = False
+    minimise: bool = True
+
+
+class SchedulerConfig(_Model):
+    policy: Literal["loss-slope", "round-robin"] = "loss-slope"
+    quantum: int = Field(20, ge=1, le=1_000_000)
+
+
+class Resources(_Model):
+    num_actors: int = Field(2, ge=0, le=4096, description="0 runs every site in the driver process")
+    num_cpus: float = Field(1, gt=0)
+    num_gpus: float = Field(0, ge=0)
+    max_restarts: int = Field(3, ge=0)
+
+
+class Tracking(_Model):
+    uri: str | None = None
+    enabled: bool = True
+
+
+class Campaign(_Model):
+    name: str = Field(pattern=SAFE_NAME, max_length=80)
+    targets: list[TargetConfig] = Field(min_length=1)
+    search: SearchConfigModel = Field(default_factory=SearchConfigModel)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    resources: Resources = Field(default_factory=Resources)
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    time_limit_s: float = Field(600, gt=0)
+    quantum_timeout_s: float = Field(300, gt=0)
+    output: str = "runs"
+    tracking: Tracking = Field(default_factory=Tracking)
+
+    @model_validator(mode="after")
+    def _unique_targets(self) -> "Campaign":
+        seen: set[str] = set()
+        for t in self.targets:
+            if t.name in seen:
+                raise ValueError(f"targets: two targets are named {t.name!r}")
+            seen.add(t.name)
+        return self
+
+
+def _format_error(path: Path, err: dict) -> str:
+    loc = ""
+    for part in err.get("loc", ()):
+        loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
+    msg = err.get("msg", "invalid").removeprefix("Value error, ")
+    if err.get("type") == "extra_forbidden":
+        msg = "unknown field"
+    value = err.get("input")
+    shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    where = f"{loc}: " if loc else ""
+    if err.get("type") == "missing":
+        return f"{path}: {where}required field is missing"
+    return f"{path}: {where}{msg} (got {shown})"
+
+
+def parse_campaign(data: Any, path: Path) -> Campaign:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a campaign file must be a mapping of fields, got {type(data).__name__}")
+    try:
+        return Campaign.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(path, exc.errors()[0])) from None
+
+
+def load_campaign(path: str | Path, check_entries: bool = True) -> Campaign:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such campaign file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+    campaign = parse_campaign(data, path)
+    if check_entries:
+        for i, target in enumerate(campaign.targets):
+            check_entry(path, i, target.entry)
+    return campaign
+
+
+def check_entry(path: Path, index: int, entry: str) -> None:
+    """The file exists and defines the factory (read with ast: nothing is imported or run)."""
+    field = f"targets[{index}].entry"
+    module, attr = split_entry(entry)
+    try:
+        file = entry_file(entry)
+    except Exception:  # noqa: BLE001 - a package that fails to import is checked when built
+        return
+    if file is None:
+        raise ConfigError(f"{path}: {field}: no module or file {module!r} (got {entry!r})")
+    if not file.is_file():
+        raise ConfigError(f"{path}: {field}: no such file {module!r} (got {entry!r})")
+    if file.suffix != ".py":
+        return
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
+    except SyntaxError as exc:
+        raise ConfigError(f"{path}: {field}: {module} has a syntax error at line {exc.lineno}: {exc.msg}") from None
+    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    names |= {a.asname or a.name for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    if attr not in names:
+        raise ConfigError(f"{path}: {field}: {module} defines no {attr!r} (got {entry!r})")
+
+
+def flatten(config: Campaign) -> dict[str, str]:
+    """Dotted keys for MLflow params."""
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(f"{prefix}.{i}", v)
+        else:
+            out[prefix] = str(value)
+
+    walk("", config.model_dump())
+    return out
+
+
+def cluster_mode() -> bool:
+    return bool(os.environ.get("RAY_ADDRESS"))

@@ -1,0 +1,152 @@
+"""A pool of Ray actors, each running one site's quantum at a time.
+
+Sites stay on the actor that holds their state (affinity); a site moved to
+another actor, or whose actor restarted, resumes from the checkpoint that the
+controller sends with the task. Ray cannot cancel a running actor task, so a
+quantum over its time limit is ended with ``ray.kill(actor, no_restart=False)``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from fuzz_core.engine import TargetSpec
+from fuzz_core.sites import OpSite
+from orchestrator.executors import ActorDied, QuantumTimeout, Task
+from orchestrator.worker import QuantumOutcome, TargetFailure, Worker, WorkerOptions
+
+log = logging.getLogger(__name__)
+
+
+@ray.remote
+class SiteActor:
+    """A :class:`Worker` in its own process."""
+
+    def __init__(self, options: WorkerOptions, cwd: str | None = None) -> None:
+        if cwd and os.path.isdir(cwd):
+            os.chdir(cwd)
+        self.worker = Worker(_with_gpu_share(options))
+
+    def discover(self, spec: TargetSpec) -> list[OpSite] | TargetFailure:
+        try:
+            return self.worker.discover(spec)
+        except TargetFailure as exc:
+            return exc
+
+    def run(self, task: Task) -> QuantumOutcome:
+        return self.worker.run(task.spec, task.site, task.config, task.steps, task.refresh, task.checkpoint)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def gpu_ids(self) -> list:
+        return list(ray.get_gpu_ids())
+
+
+def _with_gpu_share(options: WorkerOptions) -> WorkerOptions:
+    """Cap this process's GPU memory at its share when Ray gave it a fraction of a GPU."""
+    share = float(os.environ.get("CDEEPFUZZ_GPU_SHARE", "0") or 0)
+    if share > 0 and options.device in ("cuda", "auto"):
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.set_per_process_memory_fraction(min(1.0, share))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not cap GPU memory: %s", exc)
+    return options
+
+
+class RayExecutor:
+    def __init__(self, options: WorkerOptions, num_actors: int, num_cpus: float, num_gpus: float,
+                 max_restarts: int, quantum_timeout_s: float) -> None:
+        env = {"CDEEPFUZZ_GPU_SHARE": str(num_gpus)} if num_gpus else {}
+        cls = SiteActor.options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
+                                max_task_retries=0, runtime_env={"env_vars": env} if env else None)
+        cwd = os.getcwd() if not os.environ.get("RAY_ADDRESS") else None
+        self.actors = [cls.remote(options, cwd) for _ in range(num_actors)]
+        self.slots = num_actors
+        self.timeout = quantum_timeout_s
+        self.busy: dict[int, tuple[Any, Task]] = {}      # actor index -> (ref, task)
+        self.affinity: dict[str, int] = {}
+
+    @property
+    def running(self) -> int:
+        return len(self.busy)
+
+    def discover(self, specs: list[TargetSpec]) -> dict[str, list[OpSite] | TargetFailure]:
+        refs = {spec.name: self.actors[i % len(self.actors)].discover.remote(spec) for i, spec in enumerate(specs)}
+        out: dict[str, list[OpSite] | TargetFailure] = {}
+        for name, ref in refs.items():
+            try:
+                out[name] = ray.get(ref)
+            except (RayActorError, RayTaskError) as exc:
+                out[name] = TargetFailure(f"discovery failed: {exc}", str(exc))
+        return out
+
+    def free_actor(self, site_id: str) -> int | None:
+        owner = self.affinity.get(site_id)
+        if owner is not None and owner not in self.busy:
+            return owner
+        owned = set(self.affinity.values())
+        free = [i for i in range(len(self.actors)) if i not in self.busy]
+        unowned = [i for i in free if i not in owned]
+        return (unowned or free or [None])[0]
+
+    def submit(self, task: Task) -> None:
+        index = self.free_actor(task.site.id)
+        if index is None:
+            raise RuntimeError("no free actor: the controller granted more tasks than slots")
+        task.actor = index
+        task.started = time.monotonic()
+        self.affinity[task.site.id] = index
+        self.busy[index] = (self.actors[index].run.remote(task), task)
+
+    def wait(self, timeout: float) -> list[tuple[Task, QuantumOutcome | BaseException]]:
+        if not self.busy:
+            return []
+        refs = [ref for ref, _ in self.busy.values()]
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        done: list[tuple[Task, QuantumOutcome | BaseException]] = []
+        for index, (ref, task) in list(self.busy.items()):
+            if ref in ready:
+                del self.busy[index]
+                done.append((task, self._result(ref, task)))
+            elif time.monotonic() - task.started > self.timeout:
+                log.warning("quantum of %s over %.0fs: killing its actor", task.site.label, self.timeout)
+                ray.kill(self.actors[index], no_restart=False)
+                del self.busy[index]
+                self._forget(index)
+                done.append((task, QuantumTimeout(f"quantum over {self.timeout:g}s")))
+        return done
+
+    def _result(self, ref, task: Task) -> QuantumOutcome | BaseException:
+        try:
+            return ray.get(ref, timeout=60)
+        except RayActorError as exc:
+            self._forget(task.actor)
+            return ActorDied(str(exc).splitlines()[0] if str(exc) else "actor died")
+        except (RayTaskError, GetTimeoutError) as exc:
+            return exc
+
+    def _forget(self, index: int) -> None:
+        """A restarted actor has lost its searches: its sites resume from checkpoints."""
+        for site_id, owner in list(self.affinity.items()):
+            if owner == index:
+                del self.affinity[site_id]
+
+    def actor_pid(self, index: int) -> int:
+        return ray.get(self.actors[index].pid.remote())
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        self.actors = []

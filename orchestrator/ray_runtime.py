@@ -1,0 +1,41 @@
+"""Starting or joining Ray for a campaign."""
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+log = logging.getLogger(__name__)
+
+
+def ensure_ray(address: str | None, resources) -> float:
+    """Join ``address``/RAY_ADDRESS, or start an embedded Ray sized for the campaign.
+
+    Returns the number of GPUs the cluster has (0 on CPU-only machines, where
+    ``num_gpus`` of the campaign is dropped and the campaign runs on the CPU).
+    """
+    import ray
+
+    if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            need = max(1, math.ceil(resources.num_actors * resources.num_cpus))
+            gpus = _local_gpus()
+            ray.init(num_cpus=max(need, 1), num_gpus=gpus, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
+    total = float(ray.cluster_resources().get("GPU", 0))
+    if resources.num_gpus and not total:
+        log.warning("the campaign asks for %s GPU per actor but the cluster has none: running on CPU",
+                    resources.num_gpus)
+    return total
+
+
+def _local_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001
+        return 0

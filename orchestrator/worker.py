@@ -1,0 +1,138 @@
+"""The work of one actor (or of the driver, with ``num_actors: 0``): build targets, run quanta.
+
+A :class:`Worker` keeps the targets it has built and the searches of the sites it
+owns. It returns plain data (the quantum's trace, the checkpoint, a confirmed
+finding with its values) and writes nothing: the controller is the only writer.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fuzz_core.backends.base import RunnerOptions
+from fuzz_core.engine import TargetSpec, build_runner, finding_from
+from fuzz_core.findings import Finding
+from fuzz_core.search import QuantumResult, SearchConfig, SiteSearch
+from fuzz_core.sites import OpSite
+from fuzz_core.status import SiteStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    device: str = "cpu"
+    search_weights: bool = False
+    num_threads: int = 1
+    minimise: bool = True
+
+
+@dataclass
+class QuantumOutcome:
+    """Everything a quantum produced, sent back to the controller."""
+
+    site_id: str
+    result: QuantumResult
+    checkpoint: tuple[dict[str, np.ndarray], dict] | None
+    finding: Finding | None = None
+    worker: str = ""
+    note: str = ""
+
+
+class TargetFailure(Exception):
+    """A target that could not be built or whose program raised."""
+
+    def __init__(self, message: str, tb: str) -> None:
+        super().__init__(message)
+        self.tb = tb
+
+
+@dataclass
+class Worker:
+    options: WorkerOptions = field(default_factory=WorkerOptions)
+    runners: dict[str, Any] = field(default_factory=dict)
+    searches: dict[str, SiteSearch] = field(default_factory=dict)
+    owner: dict[str, str] = field(default_factory=dict)   # target name -> site id whose state the runner holds
+
+    def __post_init__(self) -> None:
+        _set_threads(self.options.num_threads)
+
+    def name(self) -> str:
+        return f"pid{os.getpid()}"
+
+    def runner(self, spec: TargetSpec):
+        runner = self.runners.get(spec.name)
+        if runner is None:
+            try:
+                runner = build_runner(spec, RunnerOptions(device=self.options.device,
+                                                          search_weights=self.options.search_weights))
+            except Exception as exc:  # noqa: BLE001 - reported per target, the campaign goes on
+                raise TargetFailure(f"{type(exc).__name__}: {exc}", traceback.format_exc()) from None
+            self.runners[spec.name] = runner
+        return runner
+
+    def discover(self, spec: TargetSpec) -> list[OpSite]:
+        runner = self.runner(spec)
+        rng = np.random.default_rng([spec.seed, 0x5EED])
+        try:
+            runner.reset()
+            batch = runner.sample(rng)
+            return runner.discover(batch, spec.seed)
+        except Exception as exc:  # noqa: BLE001
+            raise TargetFailure(f"{type(exc).__name__}: {exc}", traceback.format_exc()) from None
+
+    def run(self, spec: TargetSpec, site: OpSite, config: SearchConfig, steps: int, refresh: bool = False,
+            checkpoint: tuple[dict[str, np.ndarray], dict] | None = None) -> QuantumOutcome:
+        runner = self.runner(spec)
+        search = self.searches.get(site.id)
+        if search is None or checkpoint is not None and search.step < int(checkpoint[1]["step"]):
+            search = SiteSearch(runner, site, config)
+            if checkpoint is not None:
+                search.restore(*checkpoint)
+            self.searches[site.id] = search
+        elif self.owner.get(spec.name) != site.id:
+            search.resume()
+        self.owner[spec.name] = site.id
+        try:
+            result = search.run(steps, refresh=refresh)
+        except Exception as exc:  # noqa: BLE001 - the program raised: this site is an error
+            self.searches.pop(site.id, None)
+            self.owner.pop(spec.name, None)
+            result = QuantumResult(site.id, search.step, 0, [], SiteStatus.ERROR, search.best,
+                                   error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}",
+                                   seconds=search.seconds)
+            return QuantumOutcome(site.id, result, None, worker=self.name())
+        finding = None
+        if result.candidate is not None:
+            finding = finding_from(runner, spec, site, config, result.candidate, result.seconds,
+                                   device=str(getattr(runner, "device", "cpu")), minimise_batch=self.options.minimise)
+            if finding is None:     # did not replay: not a finding; the search goes on from here
+                search.candidate = None
+                result.candidate = None
+                result.status = search.status()
+            self.owner.pop(spec.name, None)
+        if result.status.final:
+            self.searches.pop(site.id, None)
+            return QuantumOutcome(site.id, result, None, finding, self.name())
+        search.park()
+        return QuantumOutcome(site.id, result, search.checkpoint(), finding, self.name())
+
+    def forget(self, site_id: str) -> None:
+        self.searches.pop(site_id, None)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _set_threads(n: int) -> None:
+    try:
+        import torch
+
+        torch.set_num_threads(max(1, int(n)))
+    except Exception:  # noqa: BLE001 - torch is optional in a TF-only worker
+        pass
