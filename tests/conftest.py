@@ -1,0 +1,33 @@
+"""Shared test setup: run from the repo root, one thread per torch process, one Ray per session."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+os.chdir(REPO)   # op-site locations and campaign entries are relative to the current directory
+
+try:
+    import torch
+
+    torch.set_num_threads(1)   # a 2-core shared machine: OpenMP spin-waits cost 10x on tiny programs
+except ImportError:  # pragma: no cover
+    pass
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One real local Ray for the whole test session (starting one costs seconds)."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    yield ray
+    ray.shutdown()
