@@ -1,0 +1,83 @@
+"""Bad campaign files: a one-line error naming the file, field and value; exit 2; nothing started."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+from orchestrator.config import ConfigError, load_campaign
+
+GOOD_TARGET = "{name: t, entry: campaigns/targets/softmax_xent_mlp.py:make_target}"
+
+# (file text, text that the one-line message must contain)
+CASES = {
+    "not_yaml": ("name: [unclosed\n", "not valid YAML"),
+    "tabs": ("name: x\n\ttargets: []\n", "not valid YAML"),
+    "a_list": ("- 1\n- 2\n", "must be a mapping"),
+    "empty": ("", "must be a mapping"),
+    "no_targets": ("name: x\n", "targets: required field is missing"),
+    "no_name": (f"targets: [{GOOD_TARGET}]\n", "name: required field is missing"),
+    "empty_targets": ("name: x\ntargets: []\n", "targets"),
+    "unknown_top": (f"name: x\ntargets: [{GOOD_TARGET}]\nbogus: 1\n", "bogus: unknown field (got 1)"),
+    "unknown_search": (f"name: x\ntargets: [{GOOD_TARGET}]\nsearch: {{stratgy: grist}}\n", "search.stratgy: unknown field"),
+    "bad_strategy": (f"name: x\ntargets: [{GOOD_TARGET}]\nsearch: {{strategy: magic}}\n", "search.strategy"),
+    "negative_budget": (f"name: x\ntargets: [{GOOD_TARGET}]\nsearch: {{max_steps: -5}}\n", "search.max_steps"),
+    "budget_type": (f"name: x\ntargets: [{GOOD_TARGET}]\nsearch: {{max_steps: lots}}\n", "'lots'"),
+    "zero_quantum": (f"name: x\ntargets: [{GOOD_TARGET}]\nscheduler: {{quantum: 0}}\n", "scheduler.quantum"),
+    "bad_policy": (f"name: x\ntargets: [{GOOD_TARGET}]\nscheduler: {{policy: fifo}}\n", "scheduler.policy"),
+    "negative_actors": (f"name: x\ntargets: [{GOOD_TARGET}]\nresources: {{num_actors: -1}}\n", "resources.num_actors"),
+    "negative_gpus": (f"name: x\ntargets: [{GOOD_TARGET}]\nresources: {{num_gpus: -0.5}}\n", "resources.num_gpus"),
+    "bad_device": (f"name: x\ntargets: [{GOOD_TARGET}]\ndevice: tpu\n", "device"),
+    "zero_time": (f"name: x\ntargets: [{GOOD_TARGET}]\ntime_limit_s: 0\n", "time_limit_s"),
+    "bad_name": (f"name: 'a b/c'\ntargets: [{GOOD_TARGET}]\n", "name"),
+    "entry_no_colon": ("name: x\ntargets: [{name: t, entry: campaigns/targets/softmax_xent_mlp.py}]\n", "targets[0].entry"),
+    "missing_file": ("name: x\ntargets: [{name: t, entry: campaigns/targets/nope.py:make_target}]\n", "no such file"),
+    "missing_factory": ("name: x\ntargets: [{name: t, entry: campaigns/targets/softmax_xent_mlp.py:make_it}]\n", "defines no 'make_it'"),
+    "missing_module": ("name: x\ntargets: [{name: t, entry: no_such_pkg.mod:make}]\n", "no module or file"),
+    "args_not_mapping": ("name: x\ntargets: [{name: t, entry: campaigns/targets/softmax_xent_mlp.py:make_target, args: 3}]\n", "targets[0].args"),
+    "bad_framework": ("name: x\ntargets: [{name: t, entry: campaigns/targets/softmax_xent_mlp.py:make_target, framework: jax}]\n", "targets[0].framework"),
+    "duplicate_targets": (f"name: x\ntargets: [{GOOD_TARGET}, {GOOD_TARGET}]\n", "two targets are named 't'"),
+    "weights_not_bool": (f"name: x\ntargets: [{GOOD_TARGET}]\nsearch: {{search_weights: maybe}}\n", "search.search_weights"),
+    "tracking_unknown": (f"name: x\ntargets: [{GOOD_TARGET}]\ntracking: {{url: x}}\n", "tracking.url: unknown field"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_campaign_is_one_line_naming_file_and_field(tmp_path: Path, case: str):
+    text, expected = CASES[case]
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_campaign(path)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(str(path))
+    assert expected in message, message
+
+
+def test_cli_exit_2_without_traceback_and_nothing_started(tmp_path: Path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: x
+        targets: [{GOOD_TARGET}]
+        search: {{max_steps: -1}}
+        output: {tmp_path / 'out'}
+    """))
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert "search.max_steps" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_campaign_file_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", "no/such/campaign.yaml"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "no such campaign file" in proc.stderr
+    assert "Traceback" not in proc.stderr
