@@ -269,6 +269,8 @@ class TorchRunner:
             key = (call.spec.name, call.location, call.occurrence)
             if key in seen:
                 continue
+            if call.spec.searched and call.spec.margins(call.inputs, XP) is None:
+                continue          # no hazard in this call (x ** 2, x / 2.0)
             seen.add(key)
             sites.append(make_site(self.name, call.spec.name, call.kind, call.spec.hazard, call.location,
                                    call.occurrence, call.spec.searched))

@@ -30,7 +30,7 @@ from fuzz_core.backends.base import WEIGHT_PREFIX, Evaluation
 from fuzz_core.strategies.base import Strategy, box_step, note_reachability, refresh_samples, sign_step
 
 OVERSHOOT = 0.5          # linear steps aim this fraction of the margin past a crossed edge
-BACKTRACK = (0.5, 0.25)  # shorter steps tried after the full ones
+BACKTRACK = (0.5, 0.2, 0.05)  # shorter steps along the first proposal, after the full ones
 SIGN_FRACTION = 0.1      # sign-step size, as a fraction of each value's box
 STALL_REFRESH = 3        # iterations without progress before a refresh
 REFRESH_FRACTION = 0.25
@@ -71,22 +71,21 @@ class Adaptive(Strategy):
 
     def _proposals(self, s, cur: Evaluation) -> Iterator[tuple[str, dict]]:
         spaces = self._spaces(s, cur)
-        steps: dict[str, dict] = {}
+        full: dict[str, dict] = {}
         for space in spaces:
-            x_new = self._polyak(s, cur, space, 1.0)
+            x_new = self._polyak(s, cur, space)
             if x_new is not None:
-                steps[space] = x_new
+                full[space] = x_new
                 yield space, x_new
-        for t in BACKTRACK:
-            for space in spaces:
-                if space in steps:
-                    x_new = self._polyak(s, cur, space, t)
-                    if x_new is not None:
-                        yield "retry", x_new
-        if cur.grads is not None and cur.connected and not steps:
+        if full:                                   # backtrack along the first step's direction
+            first = full[next(iter(full))]
+            for t in BACKTRACK:
+                yield "retry", _between(s.values, first, t)
+        if cur.grads is not None and cur.connected:
             sizes = {k: SIGN_FRACTION * (hi - lo) for k, (lo, hi) in s.bounds.items()}
             yield "sign", sign_step(s.values, cur.grads, sizes, s.bounds)
-        yield from self._mutations(s, cur)
+        if s.strategy_state.get("stall", 0) >= 1 or not full:
+            yield from self._mutations(s, cur)
 
     def _spaces(self, s, cur: Evaluation) -> list[str]:
         spaces = ["linear"]
@@ -95,7 +94,7 @@ class Adaptive(Strategy):
             spaces = ["log", "linear"] if first == "log" else ["linear", "log"]
         return spaces
 
-    def _polyak(self, s, cur: Evaluation, space: str, t: float) -> dict | None:
+    def _polyak(self, s, cur: Evaluation, space: str) -> dict | None:
         if space == "log":
             grads, decrease = cur.log_grads, cur.log_loss
         else:
@@ -103,7 +102,7 @@ class Adaptive(Strategy):
             decrease = cur.hard if s.spec.point else cur.hard * (1 + OVERSHOOT)
         if grads is None or not (decrease > 0) or not math.isfinite(decrease):
             return None
-        return box_step(s.values, grads, t * decrease, s.bounds)
+        return box_step(s.values, grads, decrease, s.bounds)
 
     def _mutations(self, s, cur: Evaluation) -> Iterator[tuple[str, dict]]:
         rows = self._weakest_rows(s, cur)
@@ -125,6 +124,15 @@ class Adaptive(Strategy):
         if cur.per_sample is not None and len(cur.per_sample) == s.batch_size:
             return [int(np.argmin(cur.per_sample))]
         return list(range(s.batch_size))
+
+
+def _between(x: dict, y: dict, t: float) -> dict:
+    """``x + t (y - x)`` for the values that differ."""
+    out = dict(x)
+    for k, v in y.items():
+        if v is not x.get(k):
+            out[k] = (x[k] + t * (v.astype(np.float64) - x[k])).astype(x[k].dtype)
+    return out
 
 
 def _mutate(kind: str, value: np.ndarray, rows: list[int], lo: float, hi: float) -> np.ndarray | None:
