@@ -1,0 +1,144 @@
+"""Campaigns end to end: a real local Ray, a real MLflow (temporary SQLite), Parquet read back."""
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from orchestrator.campaign import RunOptions, run_campaign
+from orchestrator.cli import app
+from orchestrator.config import load_campaign
+
+# Buggy subjects with their planted bug (op at the site that must be found).
+PLANTED = {
+    "softmax-mlp": ("campaigns/targets/softmax_xent_mlp.py:make_target", "log"),
+    "sig": ("campaigns/targets/log_one_minus_sigmoid.py:make_target", "log"),
+    "divexp": ("campaigns/targets/div_sum_exp.py:make_target", "div"),
+    "expov": ("campaigns/targets/exp_overflow_softmax.py:make_target", "exp"),
+}
+
+
+def write_campaign(tmp_path: Path, name: str, targets: dict, *, actors: int, extra: str = "") -> Path:
+    lines = "\n".join(f"  - {{name: {n}, entry: {e}}}" for n, (e, _) in targets.items())
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: {name}
+        targets:
+        """) + lines + textwrap.dedent(f"""
+        search: {{strategy: adaptive, max_steps: 60, seed: 0}}
+        scheduler: {{policy: loss-slope, quantum: 10}}
+        resources: {{num_actors: {actors}, num_cpus: 1, num_gpus: 0}}
+        device: cpu
+        time_limit_s: 300
+        output: {tmp_path / 'runs'}
+        """) + extra)
+    return path
+
+
+def summary_of(outcome) -> dict:
+    return json.loads(Path(outcome.summary).read_text())
+
+
+def check_planted_found(summary: dict, targets: dict) -> None:
+    found = {(s["target"], s["op"]) for s in summary["sites"] if s["status"] == "found"}
+    for name, (_, op) in targets.items():
+        assert (name, op) in found, f"planted bug {name}:{op} not found: {summary['sites']}"
+
+
+def test_local_campaign_writes_summary_findings_and_replays(tmp_path: Path):
+    targets = dict(list(PLANTED.items())[:2])
+    path = write_campaign(tmp_path, "local", targets, actors=0, extra="tracking: {enabled: false}\n")
+    outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False))
+    assert outcome.exit_code == 1
+    summary = summary_of(outcome)
+    assert summary["schema_version"] == 1
+    assert summary["run"]["state"] == "completed" and summary["run"]["exit_code"] == 1
+    check_planted_found(summary, targets)
+    for site in summary["sites"]:
+        assert set(site) >= {"id", "label", "target", "op", "hazard", "location", "status", "steps",
+                             "seconds", "best_loss", "finding"}
+        assert not site["location"].startswith("/")
+        if site["status"] == "found":
+            folder = outcome.run_dir / site["finding"]
+            assert (folder / "finding.json").is_file() and (folder / "values.safetensors").is_file()
+            report = json.loads((folder / "finding.json").read_text())
+            assert report["first_op"]["op"] == site["op"]
+            assert report["minimised"]["batch_size"] == 1
+            result = CliRunner().invoke(app, ["replay", str(folder)])
+            assert result.exit_code == 0, result.output
+            assert "reproduced" in result.output
+
+
+@pytest.mark.ray
+@pytest.mark.mlflow
+@pytest.mark.slow
+def test_ray_campaign_with_mlflow_and_parquet(tmp_path: Path, ray_session, monkeypatch):
+    import duckdb
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.store import TRACE_PARTITIONING
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    path = write_campaign(tmp_path, "ray-e2e", PLANTED, actors=2)
+    outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False))
+    summary = summary_of(outcome)
+    assert outcome.exit_code == 1
+    assert len(summary["targets"]) >= 3 and len(summary["sites"]) >= 8
+    check_planted_found(summary, PLANTED)
+    assert summary["run"]["executor"] == "ray"
+
+    client = MlflowClient(outcome.tracking_uri)
+    exp = client.get_experiment_by_name("ray-e2e")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and parents[0].data.params["search.strategy"] == "adaptive"
+    assert len(children) == len(summary["sites"])
+    assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in children)
+    assert all(r.info.status == "FINISHED" for r in runs)
+    found = [r for r in children if r.data.tags.get("status") == "found"]
+    assert len(found) == sum(1 for s in summary["sites"] if s["status"] == "found")
+    for run in found:
+        tags = run.data.tags
+        assert {"site.op", "site.location", "site.target", "hazard", "trigger", "signature"} <= set(tags)
+        assert tags["triage"] == "new"
+        history = client.get_metric_history(run.info.run_id, "suspect_loss")
+        assert history and [m.step for m in history] == sorted(m.step for m in history)
+        names = {a.path for a in client.list_artifacts(run.info.run_id, "finding")}
+        assert {"finding/finding.json", "finding/values.safetensors"} <= names
+
+    root = tmp_path / "runs"
+    traces = pd.read_parquet(root / "traces", partitioning=TRACE_PARTITIONING)
+    assert set(traces["site_id"]) == {s["id"] for s in summary["sites"]}
+    assert len(traces) == sum(s["steps"] for s in summary["sites"])
+    con = duckdb.connect()
+    n = con.execute(f"select count(*) from read_parquet('{root}/findings/**/*.parquet', hive_partitioning=true)"
+                    ).fetchall()[0][0]
+    assert n == len(found)
+
+    result = CliRunner().invoke(app, ["bugs", "--tracking-uri", outcome.tracking_uri, "--json",
+                                      "--campaign", "ray-e2e"])
+    assert result.exit_code == 0, result.output
+    listed = json.loads(result.output)
+    assert {b["site_id"] for b in listed} == {r.data.tags["site.id"] for r in found}
+
+
+@pytest.mark.ray
+def test_fractional_gpus_pack_actors_on_logical_gpu(ray_session):
+    import ray
+
+    from orchestrator.ray_executor import RayExecutor
+    from orchestrator.worker import WorkerOptions
+
+    executor = RayExecutor(WorkerOptions(device="cpu"), num_actors=2, num_cpus=0.5, num_gpus=0.5,
+                           max_restarts=0, quantum_timeout_s=60)
+    try:
+        ids = ray.get([a.gpu_ids.remote() for a in executor.actors], timeout=60)
+        assert all(len(i) == 1 for i in ids)          # each actor holds a share of one GPU
+        assert len({str(i[0]) for i in ids}) == 1      # two halves of the same logical GPU
+    finally:
+        executor.shutdown()
