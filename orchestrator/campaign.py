@@ -37,6 +37,7 @@ class RunOptions:
     progress: bool = True
     live: bool | None = None        # rich live table (default: when stderr is a TTY)
     output: str | None = None
+    resume: str | None = None       # a run folder to continue
 
 
 @dataclass
@@ -86,35 +87,52 @@ def target_specs(campaign: Campaign) -> dict[str, TargetSpec]:
 
 
 def run_campaign(campaign: Campaign, path: Path, options: RunOptions = RunOptions()) -> RunOutcome:
+    resume_dir = Path(options.resume) if options.resume else None
+    previous_run: dict = {}
+    previous = None
+    if resume_dir is not None:
+        from orchestrator.resume import load_previous
+
+        campaign, previous_run, previous = load_previous(resume_dir)
+        path = Path((previous_run.get("campaign_file") or path))
     output = options.output or campaign.output
-    cli_uri = options.tracking_uri
-    explicit_uri = cli_uri or campaign.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    explicit_uri = options.tracking_uri or campaign.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
     check_cluster_settings(campaign, output, explicit_uri, path)
-    root = Path(output)
-    root.mkdir(parents=True, exist_ok=True)
-    uri = resolve_tracking_uri(campaign, root, cli_uri) if campaign.tracking.enabled else None
-    run_dir = make_run_dir(root, campaign.name)
+    root = resume_dir.parent if resume_dir is not None else Path(output)
     local = options.local or campaign.resources.num_actors == 0
+    specs = target_specs(campaign)
     executor = _local_executor(campaign) if local else _ray_executor(campaign, options.address)
+    try:
+        found = executor.discover(list(specs.values()))
+        _raise_contract_errors(found, campaign, path)
+    except BaseException:
+        executor.shutdown()
+        raise
+    root.mkdir(parents=True, exist_ok=True)
+    uri = (previous_run.get("tracking_uri") if previous_run and not explicit_uri else None) or (
+        resolve_tracking_uri(campaign, root, options.tracking_uri) if campaign.tracking.enabled else None)
+    run_dir = resume_dir if resume_dir is not None else make_run_dir(root, campaign.name)
     tracker = _tracker(uri, campaign, run_dir) if uri else None
-    store = _store(root, campaign.name, run_dir.name)
     config = SearchConfig(campaign.search.strategy, campaign.search.max_steps, campaign.search.seed,
                           campaign.search.search_weights)
-    specs = target_specs(campaign)
-    started = now()
-    t0 = time.monotonic()
-    budget = campaign.search.max_steps
-    with Progress(campaign.name, budget, campaign.time_limit_s, options.progress, options.live) as progress:
-        progress.message(f"cdeepfuzz: campaign {campaign.name} -> {run_dir}"
+    started = previous_run.get("started") or now()
+    t0 = time.monotonic() - float(previous_run.get("seconds") or 0)
+    with Progress(campaign.name, campaign.search.max_steps, campaign.time_limit_s, options.progress,
+                  options.live) as progress:
+        progress.message(f"cdeepfuzz: campaign {campaign.name} -> {run_dir}" + (" (resumed)" if previous else "")
                          + (f" (MLflow: {uri})" if uri else ""))
-        ctl = Controller(campaign, run_dir, executor, tracker, store, progress, specs, config,
-                         LoopLimits(campaign.time_limit_s, campaign.resources.max_restarts))
+        ctl = Controller(campaign, run_dir, executor, tracker, _store(root, campaign.name, run_dir.name),
+                         progress, specs, config, LoopLimits(campaign.time_limit_s, campaign.resources.max_restarts))
 
         def summary(state: str, code: int | None = None) -> Path:
-            run = {"folder": run_dir.as_posix(), "started": started, "updated": now(), "state": state,
-                   "seconds": round(time.monotonic() - t0, 3), "exit_code": code, "tracking_uri": uri,
-                   "mlflow_run_id": tracker.run_id("campaign") if tracker else None,
-                   "stopped": ctl.stopped_reason, "executor": "local" if local else "ray"}
+            if tracker is not None:
+                for rec in ctl.sites.values():
+                    rec.mlflow_run_id = rec.mlflow_run_id or tracker.run_id(rec.site.id)
+            run = {"folder": run_dir.as_posix(), "campaign_file": str(path), "started": started, "updated": now(),
+                   "state": state, "seconds": round(time.monotonic() - t0, 3), "exit_code": code,
+                   "tracking_uri": uri, "stopped": ctl.stopped_reason, "executor": "local" if local else "ray",
+                   "mlflow_run_id": (tracker.run_id("campaign") if tracker else None)
+                   or previous_run.get("mlflow_run_id"), "resumed": previous is not None}
             return write_summary(run_dir, {"name": campaign.name, "file": str(path),
                                            "config": campaign.model_dump()}, run,
                                  list(ctl.targets.values()), list(ctl.sites.values()))
@@ -126,24 +144,35 @@ def run_campaign(campaign: Campaign, path: Path, options: RunOptions = RunOption
                 from orchestrator.config import flatten
 
                 tracker.start_campaign("campaign", run_dir.name, flatten(campaign),
-                                       {"campaign": campaign.name, "run.folder": run_dir.name})
-            ctl.discover()
-            progress.budget = max(1, budget * len(ctl.sites))
+                                       {"campaign": campaign.name, "run.folder": run_dir.name},
+                                       run_id=previous_run.get("mlflow_run_id"))
+            ctl.add_targets(found, previous)
+            progress.budget = max(1, campaign.search.max_steps * len(ctl.sites))
+            if tracker is not None:
+                tracker.flush(10)
             summary("running")
             ctl.run()
             end_status = "KILLED" if ctl.stopped_reason == "interrupted" else "FINISHED"
         finally:
             code = exit_code(ctl)
-            path_summary = summary("stopped" if ctl.stopped_reason else "completed", code)
             if tracker is not None:
                 tracker.set_tags("campaign", {"exit_code": str(code), "findings": str(_findings(ctl))})
                 tracker.end("campaign", end_status)
                 tracker.close(timeout=30, status="KILLED")
+            path_summary = summary("stopped" if ctl.stopped_reason else "completed", code)
             executor.shutdown()
         progress.message(f"cdeepfuzz: {_findings(ctl)} finding(s); summary: {path_summary}")
         if uri:
             progress.message(f"cdeepfuzz: mlflow ui --backend-store-uri {uri}")
     return RunOutcome(code, run_dir, path_summary, uri, _findings(ctl))
+
+
+def _raise_contract_errors(found: dict, campaign: Campaign, path: Path) -> None:
+    """A factory that breaks the target contract is a configuration error: exit 2, nothing written."""
+    for i, t in enumerate(campaign.targets):
+        result = found.get(t.name)
+        if isinstance(result, Exception) and getattr(result, "contract", False):
+            raise ConfigError(f"{path}: targets[{i}] ({t.name}): {result}")
 
 
 def _findings(ctl: Controller) -> int:

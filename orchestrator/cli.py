@@ -27,7 +27,8 @@ def _fail(message: str, code: int = 2) -> None:
 
 @app.command()
 def run(
-    campaign: Path = typer.Argument(..., help="campaign YAML file"),
+    campaign: Optional[Path] = typer.Argument(None, help="campaign YAML file (not needed with --resume)"),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in this run folder"),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking URI"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (else RAY_ADDRESS)"),
     local: bool = typer.Option(False, "--local", help="run every site in this process, without Ray"),
@@ -38,11 +39,13 @@ def run(
     """Run a campaign: discover every suspect op site and search them."""
     from orchestrator.campaign import RunOptions, run_campaign
 
+    if campaign is None and resume is None:
+        _fail("give a campaign file, or --resume RUN_FOLDER")
     try:
-        cfg = load_campaign(campaign)
-        outcome = run_campaign(cfg, campaign, RunOptions(tracking_uri=tracking_uri, address=address, local=local,
-                                                         progress=not quiet, live=False if plain else None,
-                                                         output=output))
+        cfg = load_campaign(campaign) if campaign is not None else None
+        outcome = run_campaign(cfg, campaign or resume, RunOptions(
+            tracking_uri=tracking_uri, address=address, local=local, progress=not quiet,
+            live=False if plain else None, output=output, resume=str(resume) if resume else None))
     except ConfigError as exc:
         _fail(str(exc))
     raise typer.Exit(outcome.exit_code)

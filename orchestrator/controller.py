@@ -57,8 +57,9 @@ class Controller:
         self.on_change = lambda: None
 
     # -- discovery ------------------------------------------------------------------------
-    def discover(self) -> None:
-        found = self.executor.discover(list(self.specs.values()))
+    def add_targets(self, found: dict, previous: dict[str, SiteRecord] | None = None) -> None:
+        """Register the discovered sites (``found``: target name -> sites or TargetFailure)."""
+        previous = previous or {}
         for name, spec in self.specs.items():
             tcfg = next(t for t in self.campaign.targets if t.name == name)
             rec = self.targets[name] = TargetRecord(name, spec.entry, tcfg.framework)
@@ -72,7 +73,7 @@ class Controller:
                     rec.recorded.append({"op": site.op, "kind": site.kind, "location": site.location})
                     continue
                 rec.sites += 1
-                self.add_site(site)
+                self.add_site(site, previous.get(site.id))
 
     def add_site(self, site: OpSite, record: SiteRecord | None = None) -> None:
         rec = record or SiteRecord(site)
@@ -81,7 +82,7 @@ class Controller:
             return
         self.scheduler.add_site(site.id, steps_used=rec.steps)
         if self.tracker is not None:
-            self.tracker.start_site(site.id, site.label, site_tags(site, rec.status))
+            self.tracker.start_site(site.id, site.label, site_tags(site, rec.status), run_id=rec.mlflow_run_id)
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> None:

@@ -32,7 +32,7 @@ class SiteRecord:
     checkpoint: Any = None
     deaths: int = 0
     timeouts: int = 0
-    run_started: bool = False
+    mlflow_run_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         s = self.site
@@ -41,6 +41,7 @@ class SiteRecord:
             "hazard": s.hazard, "location": s.location, "occurrence": s.occurrence,
             "status": self.status.value, "steps": self.steps, "seconds": round(self.seconds, 4),
             "best_loss": _finite(self.best_loss), "finding": self.finding, "error": self.error,
+            "mlflow_run_id": self.mlflow_run_id,
         }
 
 

@@ -313,6 +313,10 @@ class _Sender:
         if rid:  # created before the spool line was written
             self.run_ids[(rec["session"], rec["key"])] = rid
             return
+        resume = args.get("resume_run_id")
+        if resume and self._resume(resume) is not None:
+            self.run_ids[(rec["session"], rec["key"])] = resume
+            return
         parent = self.known(rec, rec.get("parent_key")) or rec.get("parent_run_id")
         if not parent:
             log.warning("tracking: site %r has no campaign run; logged at top level", rec["key"])
@@ -471,10 +475,10 @@ class Tracker:
         self._open[key] = None
 
     @_never_raise
-    def start_site(self, key: str, run_name: str, tags: Mapping[str, Any]) -> None:
-        """Start a child run of the campaign run; tag ``triage`` defaults to ``new``."""
+    def start_site(self, key: str, run_name: str, tags: Mapping[str, Any], run_id: str | None = None) -> None:
+        """Start a child run of the campaign run (or reopen ``run_id`` to resume); ``triage`` defaults to ``new``."""
         tags = _str_tags({"triage": "new", **tags})
-        self._put("start_site", key, self._campaign_key, run_name=run_name, tags=tags)
+        self._put("start_site", key, self._campaign_key, run_name=run_name, tags=tags, resume_run_id=run_id)
         self._open[key] = None
 
     @_never_raise

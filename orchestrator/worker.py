@@ -16,10 +16,12 @@ import numpy as np
 
 from fuzz_core.backends.base import RunnerOptions
 from fuzz_core.engine import TargetSpec, build_runner, finding_from
+from fuzz_core.loader import EntryError
 from fuzz_core.findings import Finding
 from fuzz_core.search import QuantumResult, SearchConfig, SiteSearch
 from fuzz_core.sites import OpSite
 from fuzz_core.status import SiteStatus
+from fuzz_core.target import TargetError
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +47,23 @@ class QuantumOutcome:
 
 
 class TargetFailure(Exception):
-    """A target that could not be built or whose program raised."""
+    """A target that could not be built or whose program raised.
 
-    def __init__(self, message: str, tb: str) -> None:
+    ``contract`` marks a user mistake that breaks the target contract (the factory is
+    missing, returns the wrong thing, bounds with low > high, a sample without a
+    batch dimension): a configuration error (exit 2), not a bug of the program (exit 3).
+    """
+
+    def __init__(self, message: str, tb: str, contract: bool = False) -> None:
         super().__init__(message)
         self.tb = tb
+        self.contract = contract
+
+
+def _failure(exc: Exception) -> TargetFailure:
+    contract = isinstance(exc, (TargetError, EntryError))
+    message = str(exc) if contract else f"{type(exc).__name__}: {exc}"
+    return TargetFailure(message, traceback.format_exc(), contract)
 
 
 @dataclass
@@ -72,7 +86,7 @@ class Worker:
                 runner = build_runner(spec, RunnerOptions(device=self.options.device,
                                                           search_weights=self.options.search_weights))
             except Exception as exc:  # noqa: BLE001 - reported per target, the campaign goes on
-                raise TargetFailure(f"{type(exc).__name__}: {exc}", traceback.format_exc()) from None
+                raise _failure(exc) from None
             self.runners[spec.name] = runner
         return runner
 
@@ -84,7 +98,7 @@ class Worker:
             batch = runner.sample(rng)
             return runner.discover(batch, spec.seed)
         except Exception as exc:  # noqa: BLE001
-            raise TargetFailure(f"{type(exc).__name__}: {exc}", traceback.format_exc()) from None
+            raise _failure(exc) from None
 
     def run(self, spec: TargetSpec, site: OpSite, config: SearchConfig, steps: int, refresh: bool = False,
             checkpoint: tuple[dict[str, np.ndarray], dict] | None = None) -> QuantumOutcome:
