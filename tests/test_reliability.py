@@ -89,3 +89,85 @@ def _wait(executor):
         if done:
             return done
     raise AssertionError("no result")
+
+
+def _campaign(tmp_path: Path, name: str, out: Path) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: {name}
+        targets:
+          - {{name: sig, entry: campaigns/targets/log_one_minus_sigmoid.py:make_target}}
+          - {{name: mlp, entry: campaigns/targets/softmax_xent_mlp.py:make_target}}
+          - {{name: divexp, entry: campaigns/targets/div_sum_exp.py:make_target}}
+        search: {{strategy: adaptive, max_steps: 1500, seed: 0}}
+        scheduler: {{policy: round-robin, quantum: 50}}
+        resources: {{num_actors: 0}}
+        device: cpu
+        output: {out}
+        """))
+    return path
+
+
+def _findings(summary: dict) -> set[tuple[str, str]]:
+    return {(s["id"], s["finding"]) for s in summary["sites"] if s["status"] == "found"}
+
+
+@pytest.mark.slow
+@pytest.mark.mlflow
+def test_killed_driver_resumes_with_the_same_findings(tmp_path: Path):
+    cli = [sys.executable, "-m", "orchestrator.cli", "run", "--plain"]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": ""}
+    env.pop("MLFLOW_TRACKING_URI")
+    reference = subprocess.run(cli + [str(_campaign(tmp_path, "ref", tmp_path / "ref"))], env=env,
+                               capture_output=True, text=True, timeout=600)
+    assert reference.returncode == 1, reference.stderr
+    ref_summary = json.loads(next((tmp_path / "ref").glob("*/summary.json")).read_text())
+
+    proc = subprocess.Popen(cli + [str(_campaign(tmp_path, "ref", tmp_path / "killed"))], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    run_dir = None
+    while time.monotonic() < deadline:           # kill it once a finding and a checkpoint exist
+        dirs = list((tmp_path / "killed").glob("ref-*"))
+        if dirs and list(dirs[0].glob("findings/*/finding.json")) and list(dirs[0].glob("checkpoints/*.json")):
+            run_dir = dirs[0]
+            break
+        time.sleep(0.1)
+    assert run_dir is not None and proc.poll() is None, "the campaign ended before it could be killed"
+    proc.kill()
+    proc.wait()
+    before = json.loads((run_dir / "summary.json").read_text())
+    assert before["run"]["state"] == "running"
+
+    resumed = subprocess.run(cli + ["--resume", str(run_dir)], env=env, capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 1, resumed.stderr
+    after = json.loads((run_dir / "summary.json").read_text())
+    assert after["run"]["resumed"] is True and after["run"]["state"] == "completed"
+    assert {f for f, _ in _findings(after)} == {f for f, _ in _findings(ref_summary)}
+    assert len(list(run_dir.glob("findings/*/finding.json"))) == len(_findings(after))   # none duplicated
+    assert after["run"]["mlflow_run_id"] == before["run"]["mlflow_run_id"]
+    assert all(s["status"] in ("found", "exhausted") for s in after["sites"])
+
+
+def test_factory_breaking_the_contract_is_exit_2_and_writes_nothing(tmp_path: Path):
+    bad = tmp_path / "bad_factory.py"
+    bad.write_text("def make_target(seed=0):\n    return 42\n")
+    bounds = tmp_path / "bad_bounds.py"
+    bounds.write_text(textwrap.dedent("""\
+        import numpy as np, torch
+        from fuzz_core import Target
+        def make_target(seed=0):
+            return Target(program=lambda b: b["x"].sum(), sample=lambda rng: {"x": np.zeros((2, 2), np.float32)},
+                          bounds={"x": (1.0, -1.0)}, search=["x"])
+        """))
+    for entry, expected in ((f"{bad}:make_target", "not a fuzz_core.Target"), (f"{bounds}:make_target", "low > high")):
+        path = tmp_path / "c.yaml"
+        path.write_text(f"name: c\ntargets: [{{name: t, entry: '{entry}'}}]\nresources: {{num_actors: 0}}\n"
+                        f"output: {tmp_path / 'out'}\n")
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(path)], capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert expected in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "out").exists()
