@@ -84,17 +84,35 @@ class Catalogue:
             self.register(spec)
 
     def register(self, spec: OpSpec, *, replace: bool = False) -> OpSpec:
+        """Add ``spec``; a name or framework op that is already registered is an error.
+
+        With ``replace=True`` the spec takes over its name and ops; the ops of a spec it
+        replaces by name that the new one does not list are dropped with it.
+        """
+        torch_keys = [torch_key(k) for k in spec.torch]
+        for keys, kind in ((torch_keys, "torch"), (list(spec.tf), "tf")):
+            dup = sorted({k for k in keys if keys.count(k) > 1})
+            if dup:
+                raise ValueError(f"{spec.name!r} lists the {kind} op {dup[0]!r} twice")
         if not replace:
             if spec.name in self._by_name:
                 raise ValueError(f"op {spec.name!r} is already registered")
-            for key in spec.torch:
+            for key in torch_keys:
                 if key in self._torch:
                     raise ValueError(f"torch op {key!r} is already registered by {self._torch[key].name!r}")
             for key in spec.tf:
                 if key in self._tf:
                     raise ValueError(f"tf op {key!r} is already registered by {self._tf[key].name!r}")
+        old = self._by_name.get(spec.name)
+        if old is not None:
+            for key in old.torch:
+                if self._torch.get(torch_key(key)) is old:
+                    del self._torch[torch_key(key)]
+            for key in old.tf:
+                if self._tf.get(key) is old:
+                    del self._tf[key]
         self._by_name[spec.name] = spec
-        self._torch.update({key: spec for key in spec.torch})
+        self._torch.update({key: spec for key in torch_keys})
         self._tf.update({key: spec for key in spec.tf})
         return spec
 
@@ -108,13 +126,30 @@ class Catalogue:
         return self._by_name[name]
 
     def for_torch(self, packet: str) -> OpSpec | None:
-        return self._torch.get(packet)
+        """The spec of an aten overload packet (``"log"``, ``"aten::log"``) or a custom op
+        (``"mylib::my_log"``)."""
+        return self._torch.get(torch_key(packet))
+
+    def torch_names(self) -> list[str]:
+        """Every torch op keyed (aten ops by their bare packet name)."""
+        return list(self._torch)
 
     def for_tf(self, op_type: str) -> OpSpec | None:
         return self._tf.get(op_type)
 
     def copy(self) -> "Catalogue":
         return Catalogue(self._by_name.values())
+
+
+def torch_key(name: str) -> str:
+    """How the catalogue keys a torch op: aten packets bare (``log``), others ``ns::name``."""
+    for prefix in ("aten::", "aten."):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    if "::" not in name and "." in name:
+        ns, _, rest = name.partition(".")
+        return f"{ns}::{rest}"
+    return name
 
 
 # ---- margins that need more than one input -----------------------------------
@@ -199,13 +234,13 @@ def _spec_rows() -> list[OpSpec]:
                domain=Domain.of(Interval(-1.0, INF)), log_space=True),
         OpSpec("xlogy", "xlogy(x, y) with y <= 0 and x != 0", torch=("xlogy", "xlogy_", "special_xlogy"),
                tf=("Xlogy",), margin=xlogy_margin, log_space=True),
-        OpSpec("div", "division by zero", torch=("div", "div_", "floor_divide", "floor_divide_",
+        OpSpec("div", "division by zero (a / b also overflows for |b| < |a| / max)", torch=("div", "div_", "floor_divide", "floor_divide_",
                                                  "true_divide", "true_divide_"),
                tf=("RealDiv", "Div", "FloorDiv", "TruncateDiv"), domain=NON_ZERO, arg=1,
                log_space=True, point=True),
         OpSpec("reciprocal", "reciprocal of 0", torch=("reciprocal", "reciprocal_"), tf=("Reciprocal", "Inv"),
                domain=NON_ZERO, log_space=True, point=True),
-        OpSpec("remainder", "remainder/fmod by zero (NaN)", torch=("remainder", "remainder_", "fmod", "fmod_"),
+        OpSpec("remainder", "remainder/fmod by zero (NaN; the vectorised CPU kernels also when a / b overflows)", torch=("remainder", "remainder_", "fmod", "fmod_"),
                tf=("FloorMod", "TruncateMod", "Mod"), margin=remainder_margin, log_space=True, point=True),
         OpSpec("sqrt", "sqrt of x < 0 (NaN)", torch=("sqrt", "sqrt_"), tf=("Sqrt",), domain=NON_NEGATIVE),
         OpSpec("rsqrt", "rsqrt of x <= 0 (inf at 0, NaN below)", torch=("rsqrt", "rsqrt_"), tf=("Rsqrt",),

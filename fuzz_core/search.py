@@ -163,11 +163,17 @@ class SiteSearch:
     def fresh_batch(self) -> dict[str, np.ndarray]:
         return self.clip(self.runner.sample(self.rng))
 
-    def evaluate(self, values: dict[str, np.ndarray], *, event: str = "step", grad: bool = True) -> Evaluation:
-        """One step at ``values``. Raises Triggered or QuantumOver; keeps the trace."""
+    def evaluate(self, values: dict[str, np.ndarray], *, event: str = "step", grad: bool = True,
+                 seed_step: int | None = None) -> Evaluation:
+        """One step at ``values``. Raises Triggered or QuantumOver; keeps the trace.
+
+        The program's randomness (dropout, noise) is seeded from the campaign seed, the
+        site and the step; a strategy may pass ``seed_step`` to evaluate several
+        candidates under the same randomness (common random numbers).
+        """
         if self.step >= self._end:
             raise QuantumOver
-        seed = step_seed(self.config.seed, self.site.id, self.step)
+        seed = step_seed(self.config.seed, self.site.id, self.step if seed_step is None else seed_step)
         ev = self.runner.evaluate(values, self.site, grad=grad, train=True, seed=seed)
         self.step += ev.passes
         self.trained = self.trained or ev.trained

@@ -5,6 +5,18 @@ history, so suspect losses are built from them after the mode is left) and the
 user's ``path:line``. Every op output is checked for non-finite values without
 a device sync: each check leaves a 0-dim flag on the device and
 :meth:`Recorder.resolve` reads them all back at once.
+
+In-place ops overwrite their inputs, and a dispatch mode sits below autograd: a
+copy made there has no gradient path. So :class:`RecordingMode` also enters a
+``TorchFunctionMode`` (above autograd) that, before an in-place call of a
+catalogued op (``x.log_()``, ``x /= y``, ``torch.exp_(x)``), saves a differentiable
+``clone()`` of the inputs it overwrites; the dispatch-level record uses it. The
+same mode protects the inputs recorded by earlier calls from a later in-place
+write (``y = x.sqrt(); x.mul_(2)``): they are replaced by differentiable clones
+first. Writes it cannot see (those inside a Python ``torch.nn.functional``
+function, or inside C++ kernels) fall back to a plain snapshot at dispatch:
+right values, no gradient path. Ops of a backward pass run inside the program
+are not recorded.
 """
 from __future__ import annotations
 
@@ -13,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -49,7 +62,38 @@ class _OpInfo:
     kind: str
     spec: OpSpec | None
     check: bool
-    inplace: bool
+    writes: tuple[int, ...]        # positional arguments the op writes (self of an in-place op)
+    write_kwargs: tuple[str, ...]  # keyword arguments it writes (out=)
+
+
+def _schema_writes(func) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    positional, keyword = [], []
+    for i, arg in enumerate(func._schema.arguments):
+        alias = arg.alias_info
+        if alias is not None and alias.is_write:
+            (keyword.append(arg.name) if arg.kwarg_only else positional.append(i))
+    return tuple(positional), tuple(keyword)
+
+
+def _storage(t: torch.Tensor) -> int:
+    """An id of the memory a tensor lives in (views share it); 0 when it has none."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:   # meta, sparse, some subclasses
+        return 0
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+def inplace_names(catalogue: Catalogue) -> frozenset[str]:
+    """Python names of the in-place variants of catalogued ops (``log_``, ``div_``, ...).
+
+    ``x /= y``, ``x **= y``, ``x //= y`` and ``x %= y`` reach a function mode as
+    ``div_``, ``pow_``, ``floor_divide_`` and ``remainder_``.
+    """
+    return frozenset(n for n in catalogue.torch_names() if n.endswith("_") and "::" not in n)
 
 
 @dataclass
@@ -61,21 +105,33 @@ class Recorder:
     flag_ops: list[tuple[str, str, int]] = field(default_factory=list)  # (kind, location, call index or -1)
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
     _info: dict[Any, _OpInfo] = field(default_factory=dict)
+    # Differentiable copies of the inputs an in-place call is about to overwrite, made by the
+    # function mode above autograd (id of the argument -> its clone).
+    _pending: dict[int, torch.Tensor] = field(default_factory=dict)
+    # Memory of the tensors that searched calls hold as inputs -> (call index, input position),
+    # so that a later write can save them first.
+    _watch: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
     def info(self, func) -> _OpInfo:
         hit = self._info.get(func)
         if hit is None:
             packet = func.overloadpacket.__name__
             overload = func._overloadname
-            spec = self.catalogue.for_torch(packet)
+            namespace = getattr(func, "namespace", "aten")
+            spec = self.catalogue.for_torch(packet if namespace == "aten" else f"{namespace}::{packet}")
             kind = packet if overload in ("default", "Tensor", "Scalar") else f"{packet}.{overload}"
-            inplace = packet.endswith("_") or overload == "out" or overload.endswith("_out")
+            writes, write_kwargs = _schema_writes(func)
             check = not func.is_view and packet not in _PASS_THROUGH
-            hit = self._info[func] = _OpInfo(packet, kind, spec, check, inplace)
+            hit = self._info[func] = _OpInfo(packet, kind, spec, check, writes, write_kwargs)
         return hit
 
     def handle(self, func, args: tuple, kwargs: dict):
+        if _in_backward():   # a backward run inside the program: its ops are not forward sites
+            return func(*args, **kwargs)
         info = self.info(func)
+        written = self._written(info, args, kwargs) if (info.writes or info.write_kwargs) else ()
+        if written and self._watch:
+            self._protect(written, differentiable=False)
         if info.spec is None:
             out = func(*args, **kwargs)
             if info.check:
@@ -87,11 +143,12 @@ class Recorder:
         key = (spec.name, location)
         occurrence = self.counts.get(key, 0)
         self.counts[key] = occurrence + 1
-        inputs = list(args) + [v for k, v in kwargs.items() if k not in ("out",) and isinstance(v, torch.Tensor)]
+        inputs = list(args) + [v for k, v in kwargs.items()
+                               if k not in info.write_kwargs and k != "out" and isinstance(v, torch.Tensor)]
+        watch: list[int] = []
         in_ok = NOT_SEARCHED
         if spec.searched:
-            if info.inplace:
-                inputs = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in inputs]
+            inputs, watch = self._snapshot(inputs, written)
             ok = _all_finite(inputs)
             in_ok = self._push(ok) if ok is not None else ALWAYS_OK
         out = func(*args, **kwargs)
@@ -101,7 +158,58 @@ class Recorder:
         else:
             flag = self._flag_nan(out, info.kind, location, index)
         self.calls.append(Call(spec, info.kind, location, occurrence, inputs, flag, in_ok))
+        for pos in watch:
+            ptr = _storage(inputs[pos])
+            if ptr:
+                self._watch.setdefault(ptr, []).append((index, pos))
         return out
+
+    # -- in-place writes ------------------------------------------------------------------
+    @staticmethod
+    def _written(info: _OpInfo, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+        out = [args[i] for i in info.writes if i < len(args)]
+        out += [kwargs[k] for k in info.write_kwargs if k in kwargs]
+        return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+    def _snapshot(self, inputs: list, written: list) -> tuple[list, list[int]]:
+        """Replace the inputs this call overwrites by copies made before it runs.
+
+        The function mode's differentiable clone when there is one, else a plain copy.
+        Returns the inputs and the positions of those kept as they are (to watch).
+        """
+        ptrs = {_storage(t) for t in written} - {0}
+        ids = {id(t) for t in written}
+        out, keep = [], []
+        for pos, a in enumerate(inputs):
+            if isinstance(a, torch.Tensor) and (id(a) in ids or _storage(a) in ptrs):
+                saved = self._pending.pop(id(a), None)
+                out.append(saved if saved is not None else a.detach().clone())
+            else:
+                out.append(a)
+                if isinstance(a, torch.Tensor) and a.is_floating_point():
+                    keep.append(pos)
+        return out, keep
+
+    def _protect(self, tensors, differentiable: bool) -> None:
+        """Before ``tensors`` are overwritten, copy the recorded inputs that live in them."""
+        for t in tensors:
+            entries = self._watch.pop(_storage(t), None) if isinstance(t, torch.Tensor) else None
+            for index, pos in entries or ():
+                inputs = self.calls[index].inputs
+                x = inputs[pos]
+                inputs[pos] = x.clone() if differentiable else x.detach().clone()
+
+    def before_inplace(self, args: tuple, kwargs: dict) -> None:
+        """Called above autograd before an in-place call of a catalogued op (or any write)."""
+        target = args[0] if args else None
+        if not isinstance(target, torch.Tensor):
+            return
+        if self._watch:
+            self._protect([target], differentiable=True)
+        ptr = _storage(target)
+        for a in list(args) + list(kwargs.values()):
+            if isinstance(a, torch.Tensor) and a.is_floating_point() and (a is target or (ptr and _storage(a) == ptr)):
+                self._pending[id(a)] = a.clone()
 
     def _push(self, flag: torch.Tensor, op: tuple[str, str, int] | None = None) -> int:
         self.flags.append(flag)
@@ -153,12 +261,66 @@ class Recorder:
         return bool(values[call.flag]) and inputs_ok
 
 
+class InplaceFunctionMode(TorchFunctionMode):
+    """Above autograd: saves differentiable copies of what an in-place call overwrites.
+
+    For in-place calls of catalogued ops (``names``) the copies become the recorded
+    inputs of the call; for any other write (a method ending in ``_``, ``__setitem__``,
+    ``out=``) it saves the inputs that earlier calls recorded from the written tensor.
+    """
+
+    def __init__(self, recorder: Recorder, names: frozenset[str]) -> None:
+        super().__init__()
+        self.recorder = recorder
+        self.names = names
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        rec = self.recorder
+        name = getattr(func, "__name__", "")
+        if name in self.names and not _in_backward():
+            rec.before_inplace(args, kwargs)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                rec._pending.clear()
+        if rec._watch and not _in_backward():
+            if args and (name == "__setitem__" or (name.endswith("_") and not name.endswith("__"))):
+                rec._protect(args[:1], differentiable=True)
+            out = kwargs.get("out")
+            if out is not None:
+                rec._protect([t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], differentiable=True)
+        return func(*args, **kwargs)
+
+
 class RecordingMode(TorchDispatchMode):
-    """Forwards every op to a :class:`Recorder`; holds no state of its own."""
+    """Forwards every op to a :class:`Recorder`; holds no state of its own.
+
+    Entering it also enters an :class:`InplaceFunctionMode` (outside the dispatch mode),
+    so ``with RecordingMode(recorder):`` is all a caller needs.
+    """
 
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
+        self._function_modes: list[InplaceFunctionMode] = []
+
+    def __enter__(self):
+        function_mode = InplaceFunctionMode(self.recorder, inplace_names(self.recorder.catalogue))
+        function_mode.__enter__()
+        try:
+            entered = super().__enter__()
+        except BaseException:
+            function_mode.__exit__(None, None, None)
+            raise
+        self._function_modes.append(function_mode)
+        return entered
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        try:
+            return super().__exit__(exc_type, exc_val, exc_tb)
+        finally:
+            self._function_modes.pop().__exit__(exc_type, exc_val, exc_tb)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return self.recorder.handle(func, args, kwargs or {})

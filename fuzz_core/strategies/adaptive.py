@@ -17,7 +17,9 @@ Each iteration proposes, in order, until one lowers the hard-minimum margin:
    divisor or makes two vectors exactly parallel; these values do.
 
 A site that stalls refreshes its least important samples (importance: how far each
-sample's suspect loss moved). Every forward pass counts as a step.
+sample's suspect loss moved). Every forward pass counts as a step. Candidates are
+compared under the same randomness of the program (dropout masks, noise: common
+random numbers), drawn anew at each refresh.
 """
 from __future__ import annotations
 
@@ -42,18 +44,19 @@ class Adaptive(Strategy):
 
     def iterate(self, s) -> None:
         cur: Evaluation | None = s.cache.get("current")
+        st = s.strategy_state
         if cur is None:
-            cur = s.evaluate(s.values)
+            st["seed_step"] = s.step          # candidates share this step's randomness until a refresh
+            cur = s.evaluate(s.values, seed_step=st["seed_step"])
             note_reachability(s, cur)
             self._accept(s, s.values, cur, "step")
             if s.unreachable:
                 return
         for label, x_new in self._proposals(s, cur):
-            ev = s.evaluate(x_new, event=label)
+            ev = s.evaluate(x_new, event=label, seed_step=st.get("seed_step"))
             if ev.seen and ev.hard < cur.hard:
                 self._accept(s, x_new, ev, label)
                 return
-        st = s.strategy_state
         st["stall"] = st.get("stall", 0) + 1
         if st["stall"] >= STALL_REFRESH:
             st["stall"] = 0

@@ -1,0 +1,452 @@
+"""The TensorFlow recorders: an eager op callback (TF2) and a graph walk (TF1-style graphs).
+
+TF2: :class:`EagerRecorder` is registered with ``op_callbacks.add_op_callback`` (the
+mechanism behind ``tf.debugging.enable_check_numerics``) while the program runs eagerly
+(``tf.function`` bodies too: the runner turns on ``run_functions_eagerly``, so the ops of a
+``tf.cond`` branch, a ``tf.while_loop`` body or an autograph ``if`` execute, and are seen,
+one by one). The input tensors it records stay differentiable under the runner's
+``GradientTape``, so suspect losses are built from them after the program returns, as the
+torch backend does. The user's ``path:line`` comes from the Python stack.
+
+TF1: :class:`GraphWalk` keeps the forward ancestors of ``loss`` (never ``gradients/…`` or
+optimizer ops), recursing into the branch graphs of ``If`` and the body of ``While`` ops;
+ops found there are evaluated through a copy of their branch imported into the outer graph
+and fed from the control-flow op's real inputs (a ``While`` body: its first iteration).
+Locations come from each op's creation traceback.
+
+Every op output is checked for non-finite values with the same rules as the torch
+recorder: NaN anywhere, any non-finite output of a catalogued hazard op whose inputs were
+finite, and non-finite program outputs. On the CPU the checks read the tensors' buffers
+directly (no device sync to avoid); elsewhere they stay on the device until one resolve.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context as tf_context
+
+from fuzz_core.backends.base import OpRef
+from fuzz_core.catalogue import Catalogue, OpSpec
+from fuzz_core.sites import CallerLocator, relative_path
+
+
+def _skip_dirs() -> tuple[str, ...]:
+    dirs = [os.path.dirname(tf.__file__)]
+    for name in ("keras", "tf_keras", "tensorflow_probability", "optree", "wrapt"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        for loc in (spec.submodule_search_locations or []) if spec else []:
+            dirs.append(str(loc))
+    return tuple(os.path.realpath(d) for d in dirs) + tuple(dirs)
+
+
+SKIP_DIRS = _skip_dirs()
+LOCATOR = CallerLocator(SKIP_DIRS)
+_SKIP_PREFIXES = tuple(d.rstrip(os.sep) + os.sep for d in SKIP_DIRS)
+_FUZZ_CORE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+# Ops whose non-finite output is a pure copy (or that read/write state): never an origin.
+PASS_THROUGH = {"Identity", "IdentityN", "ReadVariableOp", "Const", "Placeholder", "PlaceholderWithDefault",
+                "VarHandleOp", "VariableV2", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+                "Assign", "NoOp", "Snapshot", "StopGradient", "Enter", "Exit", "Merge", "Switch",
+                "NextIteration", "_Recv", "_Send", "OptionalFromValue", "OptionalGetValue", "OptionalNone",
+                "TensorListPushBack", "TensorListPopBack", "TensorListFromTensor", "TensorListStack",
+                "TensorListReserve", "TensorListSetItem", "TensorListGetItem"}
+IF_TYPES = ("If", "StatelessIf")
+WHILE_TYPES = ("While", "StatelessWhile")
+CALL_TYPES = ("PartitionedCall", "StatefulPartitionedCall")
+
+NOT_SEARCHED = -1   # Call.in_ok of a recorded-only (stable) op
+ALWAYS_OK = -3      # Call.in_ok of an op with no floating-point input
+
+
+# ---- numbers of a dtype ------------------------------------------------------------
+
+def np_dtype(dtype: Any) -> np.dtype:
+    return np.dtype(tf.as_dtype(dtype).as_numpy_dtype)
+
+
+@lru_cache(maxsize=None)
+def _nextafter(value: float, toward: float, dtype_name: str) -> float:
+    dt = np_dtype(dtype_name)
+    v = np.asarray(value, dtype=dt)
+    if dt.itemsize == 2 and dt != np.float16:          # bfloat16: step the bit pattern
+        if value == toward or math.isnan(value):
+            return float(v)
+        bits = int(v.view(np.uint16))
+        if float(v) == 0.0:
+            out = np.uint16(1 if toward > 0 else 0x8001)
+        elif (float(v) < toward) == (float(v) > 0):
+            out = np.uint16(bits + 1)
+        else:
+            out = np.uint16(bits - 1)
+        return float(np.asarray(out).view(dt))
+    return float(np.nextafter(v, np.asarray(toward, dtype=dt)))
+
+
+def nextafter(value: float, toward: float, dtype: Any) -> float:
+    return _nextafter(float(value), float(toward), tf.as_dtype(dtype).name)
+
+
+def _eager_value(fn, value: float, dtype_name: str) -> float:
+    with tf_context.eager_mode(), tf.device("/CPU:0"):
+        return float(fn(tf.constant(value, dtype=tf.as_dtype(dtype_name))).numpy())
+
+
+def _bisect(pred, lo: float, hi: float, dtype_name: str) -> float:
+    """Largest float of dtype in [lo, hi) where pred holds, given pred(lo) and not pred(hi)."""
+    dt = np_dtype(dtype_name)
+    for _ in range(200):
+        mid = float(np.asarray((lo + hi) / 2, dtype=dt))
+        if mid in (lo, hi):
+            mid = nextafter(lo, hi, dtype_name)
+            if mid == hi:
+                break
+        if pred(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@lru_cache(maxsize=None)
+def _dtype_limit(name: str, dtype_name: str) -> float:
+    if name == "exp_max":
+        return _bisect(lambda v: math.isfinite(_eager_value(tf.exp, v, dtype_name)), 0.0, 1000.0, dtype_name)
+    if name == "expm1_max":
+        return _bisect(lambda v: math.isfinite(_eager_value(tf.math.expm1, v, dtype_name)), 0.0, 1000.0,
+                       dtype_name)
+    if name == "digamma_radius":   # largest x > 0 where digamma(x) = -inf (-1/x overflows)
+        lo = tiny_of(dtype_name)
+        if math.isfinite(_eager_value(tf.math.digamma, lo, dtype_name)):
+            return 0.0
+        return _bisect(lambda v: not math.isfinite(_eager_value(tf.math.digamma, v, dtype_name)), lo, 1.0,
+                       dtype_name)
+    raise KeyError(f"unknown limit {name!r}")
+
+
+def dtype_limit(name: str, dtype: Any) -> float:
+    """Dtype-dependent domain ends, found by bisection on TF's own ops."""
+    return _dtype_limit(name, tf.as_dtype(dtype).name)
+
+
+@lru_cache(maxsize=None)
+def _tiny_of(dtype_name: str) -> float:
+    sub = nextafter(0.0, 1.0, dtype_name)
+    kept = _eager_value(lambda t: tf.maximum(t, tf.zeros_like(t)), sub, dtype_name)
+    if kept > 0:
+        return sub
+    try:                                       # TF's CPU kernels flush subnormals: the smallest normal
+        return float(np.finfo(np_dtype(dtype_name)).tiny)
+    except ValueError:
+        import ml_dtypes
+
+        return float(ml_dtypes.finfo(np_dtype(dtype_name)).tiny)
+
+
+def tiny_of(dtype: Any) -> float:
+    """The smallest positive value TF's CPU kernels keep (they flush subnormals to zero)."""
+    return _tiny_of(tf.as_dtype(dtype).name)
+
+
+class TFXP:
+    """The array namespace that catalogue margins use, for TF tensors (eager or graph)."""
+
+    is_tensor = staticmethod(lambda x: tf.is_tensor(x))
+    abs = staticmethod(tf.abs)
+    minimum = staticmethod(tf.minimum)
+    maximum = staticmethod(tf.maximum)
+    where = staticmethod(tf.where)
+    round = staticmethod(tf.round)
+
+    @staticmethod
+    def full_like(x: Any, value: float) -> Any:
+        return tf.fill(tf.shape(x), tf.constant(value, dtype=x.dtype))
+
+    @staticmethod
+    def as_float(x: Any, like: Any) -> Any:
+        if tf.is_tensor(x):
+            if x.dtype.is_floating:
+                return x
+            dtype = like.dtype if tf.is_tensor(like) and like.dtype.is_floating else tf.float32
+            return tf.cast(x, dtype)
+        return tf.constant(float(x), dtype=like.dtype)
+
+    @staticmethod
+    def next_down(value: float, like: Any) -> float:
+        return nextafter(float(value), -math.inf, like.dtype)
+
+    @staticmethod
+    def next_up(value: float, like: Any) -> float:
+        return nextafter(float(value), math.inf, like.dtype)
+
+    @staticmethod
+    def limit(name: str, like: Any) -> float:
+        return dtype_limit(name, like.dtype)
+
+    @staticmethod
+    def big(like: Any) -> float:
+        return float(tf.as_dtype(like.dtype).max) / 4
+
+
+XP = TFXP()
+
+
+# ---- non-finite flags ------------------------------------------------------------------
+
+def _floats(tensors) -> list:
+    out = []
+    for t in tensors:
+        if tf.is_tensor(t) and t.dtype.is_floating:
+            out.append(t)
+    return out
+
+
+def _on_cpu(t) -> bool:
+    try:
+        return "CPU" in t.device
+    except Exception:  # noqa: BLE001 - a tensor with no device yet
+        return True
+
+
+def eager_flag(tensors, *, nan_only: bool, negate: bool = False):
+    """``any(isnan)`` (nan_only) or ``any(!isfinite)`` over eager tensors, or ``all(isfinite)``
+    with ``negate``. A Python bool for CPU tensors; a device tensor (resolved later) elsewhere.
+    None when there is no floating-point tensor."""
+    ts = _floats(tensors)
+    if not ts:
+        return None
+    if all(_on_cpu(t) for t in ts):
+        bad = False
+        for t in ts:
+            a = t.numpy()
+            if nan_only:
+                bad = bad or bool(np.isnan(a).any())
+            else:
+                bad = bad or not bool(np.isfinite(a).all())
+            if bad:
+                break
+        return (not bad) if negate else bad
+    flags = [tf.reduce_any(tf.math.is_nan(t) if nan_only else tf.logical_not(tf.math.is_finite(t))) for t in ts]
+    flag = tf.reduce_any(tf.stack(flags))
+    return tf.logical_not(flag) if negate else flag
+
+
+def graph_flag(tensors, *, nan_only: bool, negate: bool = False):
+    """The same, as a graph op (a scalar bool tensor), or None."""
+    ts = _floats(tensors)
+    if not ts:
+        return None
+    parts = []
+    for t in ts:
+        x = tf.cast(t, tf.float32) if t.dtype in (tf.float16, tf.bfloat16) else t
+        parts.append(tf.reduce_any(tf.math.is_nan(x)) if nan_only
+                     else tf.logical_not(tf.reduce_all(tf.math.is_finite(x))))
+    flag = parts[0] if len(parts) == 1 else tf.reduce_any(tf.stack(parts))
+    return tf.logical_not(flag) if negate else flag
+
+
+# ---- the eager recorder --------------------------------------------------------------
+
+@dataclass
+class Call:
+    spec: OpSpec
+    kind: str
+    location: str
+    occurrence: int
+    inputs: list
+    flag: int          # index of this call's flag in Recorder.flags
+    in_ok: int = NOT_SEARCHED
+    seen: Any = True   # graph sites in a branch: a bool tensor (the branch ran)
+    outputs: list = field(default_factory=list)
+
+
+class FlagBook:
+    """Flags of one pass, in execution order, and the first-event rules (as the torch recorder)."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.flags: list[Any] = []
+        self.flag_ops: list[tuple[str, str, int]] = []   # (kind, location, call index or -1); -2: an in_ok flag
+
+    def push(self, flag, op: tuple[str, str, int] | None = None) -> int:
+        self.flags.append(flag)
+        self.flag_ops.append(op if op is not None else ("", "", -2))
+        return len(self.flags) - 1
+
+    def find(self, key: tuple[str, str, int]) -> Call | None:
+        for call in self.calls:
+            if (call.spec.name, call.location, call.occurrence) == key:
+                return call
+        return None
+
+    def first_event(self, values: list[bool], outputs_bad: bool, program_location: str) -> OpRef | None:
+        """The first op whose output went non-finite by its own doing (DESIGN: what counts)."""
+        for i, bad in enumerate(values[: len(self.flags)]):
+            kind, location, index = self.flag_ops[i]
+            if not bad or index == -2:
+                continue
+            if index >= 0:
+                call = self.calls[index]
+                if call.in_ok >= 0 and not values[call.in_ok]:
+                    continue     # its inputs were already non-finite: not the origin
+                return OpRef(call.spec.name, call.kind, call.location, call.occurrence)
+            return OpRef(kind, kind, location or "<not located: replay names it>", 0)
+        if outputs_bad:
+            return OpRef("output", "output", program_location, 0, nan=False)
+        return None
+
+    def triggered(self, values: list[bool], call: Call) -> bool:
+        if call.in_ok == NOT_SEARCHED or call.flag < 0:
+            return False
+        inputs_ok = call.in_ok == ALWAYS_OK or bool(values[call.in_ok])
+        return bool(values[call.flag]) and inputs_ok
+
+
+class EagerRecorder(FlagBook):
+    """Records every eagerly executed op of one forward pass (an op callback)."""
+
+    def __init__(self, catalogue: Catalogue, locate_all: bool = False) -> None:
+        super().__init__()
+        self.catalogue = catalogue
+        self.locate_all = locate_all
+        self.counts: dict[tuple[str, str], int] = {}
+        self._busy = False
+
+    def __call__(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        if self._busy or graph is not None:     # our own checks; graph construction (not used)
+            return None
+        self._busy = True
+        try:
+            self._handle(op_type.decode() if isinstance(op_type, bytes) else str(op_type), inputs, outputs)
+        finally:
+            self._busy = False
+        return None
+
+    def _handle(self, op_type: str, inputs, outputs) -> None:
+        spec = self.catalogue.for_tf(op_type)
+        outputs = list(outputs) if outputs is not None else []
+        if spec is None:
+            if op_type in PASS_THROUGH:
+                return
+            flag = eager_flag(outputs, nan_only=True)
+            if flag is not None:
+                loc = LOCATOR.locate(3) if self.locate_all else ""
+                self.push(flag, (op_type, loc, -1))
+            return
+        location = LOCATOR.locate(3)
+        key = (spec.name, location)
+        occurrence = self.counts.get(key, 0)
+        self.counts[key] = occurrence + 1
+        inputs = list(inputs)
+        in_ok = NOT_SEARCHED
+        index = len(self.calls)
+        if spec.searched:
+            ok = eager_flag(inputs, nan_only=False, negate=True)
+            in_ok = self.push(ok) if ok is not None else ALWAYS_OK
+            bad = eager_flag(outputs, nan_only=False)
+            flag = self.push(bad if bad is not None else False, (op_type, location, index))
+        else:
+            bad = eager_flag(outputs, nan_only=True)
+            flag = self.push(bad, (op_type, location, index)) if bad is not None else -1
+        self.calls.append(Call(spec, op_type, location, occurrence, inputs, flag, in_ok))
+
+    def resolve(self, extra: list = ()) -> list[bool]:
+        """Every flag of the pass as Python bools (one device read for device-side flags)."""
+        flags = list(self.flags) + list(extra)
+        device = [i for i, f in enumerate(flags) if tf.is_tensor(f)]
+        if device:
+            values = tf.stack([tf.reshape(tf.cast(flags[i], tf.bool), []) for i in device]).numpy().tolist()
+            for i, v in zip(device, values):
+                flags[i] = v
+        return [bool(f) for f in flags]
+
+
+# ---- graph walking (TF1-style programs) ------------------------------------------------
+
+def traceback_location(op) -> str:
+    """The user's repo-relative ``path:line`` from an op's creation traceback."""
+    try:
+        frames = list(op.traceback)
+    except Exception:  # noqa: BLE001
+        frames = []
+    for frame in reversed(frames):
+        fn = frame.filename
+        if fn.startswith(_SKIP_PREFIXES) or fn.startswith(_FUZZ_CORE) or fn.startswith("<frozen") \
+                or "contextlib" in fn:
+            continue
+        return f"{relative_path(fn)}:{frame.lineno}"
+    return "<unknown>:0"
+
+
+def is_internal_name(name: str) -> bool:
+    head = name.split("/", 1)[0]
+    return head.startswith("gradients") or head == "cdeepfuzz"
+
+
+def forward_ops(graph, loss_tensors: list) -> list:
+    """Forward ancestors of the loss in creation order (no gradient or optimizer ops)."""
+    seen: set = set()
+    stack = [t.op for t in loss_tensors]
+    while stack:
+        op = stack.pop()
+        if op in seen or is_internal_name(op.name):
+            continue
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return [op for op in graph.get_operations() if op in seen]
+
+
+def branch_graphs(op) -> list[tuple[str, Any]]:
+    """The function graphs a control-flow op runs: (role, FuncGraph)."""
+    if op.type in IF_TYPES:
+        return [(role, g) for role, g in (("then", getattr(op, "_true_graph", None)),
+                                          ("else", getattr(op, "_false_graph", None))) if g is not None]
+    if op.type in WHILE_TYPES:
+        g = getattr(op, "_body_graph", None)
+        return [("body", g)] if g is not None else []
+    if op.type in CALL_TYPES:
+        try:
+            fname = op.get_attr("f").name
+            fn = op.graph._get_function(fname)  # noqa: SLF001
+            g = getattr(fn, "graph", None)
+        except Exception:  # noqa: BLE001
+            g = None
+        return [("call", g)] if g is not None else []
+    return []
+
+
+@dataclass
+class GraphOp:
+    """One forward op: in the outer graph, or inside a branch (path of control-flow ops)."""
+
+    op: Any
+    path: tuple = ()    # ((control-flow op, role), ...) from the outer graph inwards
+
+
+def walk(graph, loss_tensors: list) -> list[GraphOp]:
+    """Every forward op, with ops of branch graphs listed before their control-flow op."""
+    out: list[GraphOp] = []
+
+    def visit_inner(fg, path):
+        for op in fg.get_operations():
+            for role, sub in branch_graphs(op):
+                visit_inner(sub, path + ((op, role),))
+            out.append(GraphOp(op, path))
+
+    for op in forward_ops(graph, loss_tensors):
+        for role, sub in branch_graphs(op):
+            visit_inner(sub, ((op, role),))
+        out.append(GraphOp(op, ()))
+    return out
