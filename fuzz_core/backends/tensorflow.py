@@ -27,11 +27,13 @@ import contextlib
 import math
 import os
 import random
+import sys
 import zlib
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context as tf_context
 from tensorflow.python.framework import op_callbacks
 
 from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions
@@ -59,18 +61,40 @@ def _configure_threads() -> None:
 _configure_threads()
 
 
-def seed_everything(seed: int) -> None:
-    """Seed every generator a program may draw from (its iterative external values)."""
+def seed_everything(seed: int, kernels: bool = True) -> None:
+    """Seed every generator a program may draw from (its iterative external values).
+
+    ``tf.random.set_seed`` also empties the eager kernel cache (stateful random kernels
+    keep their state there), which costs every op of the next pass a kernel rebuild: with
+    ``kernels=False`` the global seed is set without that, for programs that run no
+    stateful random op (the recorder tells; Keras layers draw from stateless ops).
+    """
     seed = int(seed) % (2**31)
     random.seed(seed)
     np.random.seed(seed)
-    tf.random.set_seed(seed)
-    try:
-        import keras
+    if kernels:
+        tf.random.set_seed(seed)
+    else:
+        ctx = tf_context.context()
+        ctx._seed = seed                      # noqa: SLF001 - what set_seed does, less the cache flush
+        ctx._rng = random.Random(seed)        # noqa: SLF001
+    _seed_keras(seed)
 
-        keras.utils.set_random_seed(seed)   # also resets Keras' global SeedGenerator
-    except Exception:  # noqa: BLE001 - keras is optional for raw TF programs
-        pass
+
+def _seed_keras(seed: int) -> None:
+    """keras.utils.set_random_seed less its tf.random.set_seed: the global Keras seed generator."""
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return
+    try:
+        from keras.src.backend.common import global_state
+        from keras.src.random import seed_generator
+        from keras.src.utils import rng_utils
+
+        global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, seed)
+        global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
+    except Exception:  # noqa: BLE001 - another Keras layout: its public function does it all
+        keras.utils.set_random_seed(seed)
 
 
 def _train_seed(program_loss: float) -> int:
@@ -220,6 +244,7 @@ class EagerRunner:
         self._seed_vars = [v for v in model_vars if _var_name(v).endswith(_SEED_STATE)]
         self._build_optimizer()
         self._opt_vars = _named(self._optimizer_variables(), "optim.")
+        self._stateful_random = True     # until a pass shows that the program runs no stateful random op
         self._initial = self.get_state()
 
     # -- variables ----------------------------------------------------------------------
@@ -320,7 +345,7 @@ class EagerRunner:
 
     # -- running ------------------------------------------------------------------------
     def _seed(self, seed: int) -> None:
-        seed_everything(seed)
+        seed_everything(seed, kernels=self._stateful_random)
         for i, var in enumerate(self._seed_vars):   # Keras 3 layers draw from their own generators
             value = np.array([(seed * 1_000_003 + 7919 * (i + 1)) % (2**31 - 1), 0])
             var.assign(value.astype(np_dtype(var.dtype)))
@@ -336,6 +361,7 @@ class EagerRunner:
         finally:
             op_callbacks.remove_op_callback(recorder)
             tf.config.run_functions_eagerly(eager_before)
+        self._stateful_random = recorder.stateful_random
         return recorder, out
 
     def discover(self, batch: dict[str, np.ndarray], seed: int) -> list[OpSite]:

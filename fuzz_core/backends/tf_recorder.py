@@ -62,6 +62,10 @@ PASS_THROUGH = {"Identity", "IdentityN", "ReadVariableOp", "Const", "Placeholder
                 "NextIteration", "_Recv", "_Send", "OptionalFromValue", "OptionalGetValue", "OptionalNone",
                 "TensorListPushBack", "TensorListPopBack", "TensorListFromTensor", "TensorListStack",
                 "TensorListReserve", "TensorListSetItem", "TensorListGetItem"}
+# Random ops whose kernels keep their state between eager calls (the global seed resets them).
+STATEFUL_RANDOM = {"RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal", "RandomShuffle",
+                   "Multinomial", "RandomGamma", "RandomPoisson", "RandomPoissonV2", "ParameterizedTruncatedNormal",
+                   "RandomGammaGrad", "RandomCrop"}
 IF_TYPES = ("If", "StatelessIf")
 WHILE_TYPES = ("While", "StatelessWhile")
 CALL_TYPES = ("PartitionedCall", "StatefulPartitionedCall")
@@ -321,6 +325,7 @@ class EagerRecorder(FlagBook):
         self.catalogue = catalogue
         self.locate_all = locate_all
         self.counts: dict[tuple[str, str], int] = {}
+        self.stateful_random = False
         self._busy = False
 
     def __call__(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
@@ -334,6 +339,8 @@ class EagerRecorder(FlagBook):
         return None
 
     def _handle(self, op_type: str, inputs, outputs) -> None:
+        if op_type in STATEFUL_RANDOM:
+            self.stateful_random = True
         spec = self.catalogue.for_tf(op_type)
         outputs = list(outputs) if outputs is not None else []
         if spec is None:
