@@ -5,6 +5,7 @@ What the Ray actors call, and what ``cdeepfuzz replay`` uses. No ray, no mlflow.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,50 +61,150 @@ def confirmed(result: CheckResult, site: OpSite) -> bool:
     return bool(result.triggered.get(site.key, False))
 
 
-def minimise(runner, site: OpSite, inputs: dict[str, np.ndarray], state: dict | None,
-             seed: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Shrink the batch to the fewest rows that still trigger the site (often one)."""
-    n = next(iter(inputs.values())).shape[0]
-    checks = 0
+TOWARD_ORIGINAL_STEPS = 12     # bisection steps on a kept row's interpolation factor (1/4096 resolution)
+REPLAY_TIMINGS = 3             # replays timed per batch (the best is reported) ...
+REPLAY_TIMING_CAP_S = 0.5      # ... unless one replay already takes this long
 
-    def triggers(rows: list[int]) -> bool:
-        nonlocal checks
-        checks += 1
-        subset = {k: v[rows] for k, v in inputs.items()}
+
+def minimise(runner, site: OpSite, inputs: dict[str, np.ndarray], state: dict | None, seed: int, *,
+             original: dict[str, np.ndarray] | None = None,
+             bounds: dict[str, tuple[float, float]] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Shrink the batch to the fewest rows that still trigger the site (often one), then move the
+    searched values of the kept rows back toward ``original`` (the batch the search started from)
+    as far as the bug allows. Every try is a replay; the result always replays."""
+    n = next(iter(inputs.values())).shape[0]
+    replays = _Replays(runner, site, state, seed)
+    t0 = time.perf_counter()
+    rows = _fewest_rows(replays, inputs, n)
+    small = {k: v[rows] for k, v in inputs.items()}
+    t_min = time.perf_counter()
+    info: dict[str, Any] = {"original_batch_size": int(n), "batch_size": len(rows), "rows": rows}
+    keys = _searched_keys(runner, inputs, original, bounds)
+    if keys:
+        base = {k: _clip(np.asarray(original[k])[rows], (bounds or {}).get(k)) for k in keys}
+        before = _distance(small, base, keys)
+        small, factors = _toward(replays, small, base, keys, bounds or {})
+        info.update(distance_before=before, distance=_distance(small, base, keys), factors=factors,
+                    searched=keys)
+    else:
+        info.update(distance_before=None, distance=None, factors=None, searched=[])
+    info.update(checks=replays.count, seconds=round(t_min - t0, 4),
+                toward_seconds=round(time.perf_counter() - t_min, 4),
+                replay_seconds_original=_time_replay(runner, site, inputs, state, seed),
+                replay_seconds_minimised=_time_replay(runner, site, small, state, seed))
+    return small, info
+
+
+class _Replays:
+    """Counted replays of one site: does a batch still trigger it?"""
+
+    def __init__(self, runner, site: OpSite, state: dict | None, seed: int) -> None:
+        self.runner, self.site, self.state, self.seed, self.count = runner, site, state, seed, 0
+
+    def triggers(self, values: dict[str, np.ndarray]) -> bool:
+        self.count += 1
         try:
-            return confirmed(confirm(runner, site, subset, state, seed), site)
+            return confirmed(confirm(self.runner, self.site, values, self.state, self.seed), self.site)
         except Exception:  # noqa: BLE001 - a program that needs its full batch: keep it
             return False
 
-    t0 = time.perf_counter()
+
+def _fewest_rows(replays: _Replays, inputs: dict[str, np.ndarray], n: int) -> list[int]:
+    """One row alone (the common case), else drop halves, quarters, ... (ddmin-like)."""
+    def triggers(rows: list[int]) -> bool:
+        return replays.triggers({k: v[rows] for k, v in inputs.items()})
+
     rows = list(range(n))
-    for i in range(n):                          # one row alone, the common case
-        if n > 1 and triggers([i]):
-            rows = [i]
+    if n <= 1:
+        return rows
+    for i in range(n):
+        if triggers([i]):
+            return [i]
+    chunk = len(rows) // 2
+    while chunk >= 1 and len(rows) > 1:
+        for start in range(0, len(rows), chunk):
+            keep = rows[:start] + rows[start + chunk:]
+            if keep and triggers(keep):
+                rows = keep
+                break
+        else:
+            chunk //= 2
+    return rows
+
+
+def _searched_keys(runner, inputs: dict[str, np.ndarray], original: dict[str, np.ndarray] | None,
+                   bounds: dict | None) -> list[str]:
+    """Searched, floating-point inputs that have an original of the same shape."""
+    if not original:
+        return []
+    names = set(bounds) if bounds else set(getattr(runner, "searched", ()))
+    return [k for k, v in inputs.items() if k in names and k in original
+            and np.asarray(original[k]).shape == np.shape(v) and np.issubdtype(np.asarray(v).dtype, np.floating)]
+
+
+def _toward(replays: _Replays, values: dict[str, np.ndarray], base: dict[str, np.ndarray], keys: list[str],
+            bounds: dict) -> tuple[dict[str, np.ndarray], list[float]]:
+    """Per kept row, the smallest interpolation factor t (0: the original row, 1: the candidate's)
+    that still triggers, by bisection; the row keeps the values at the smallest t that triggered."""
+    values = {k: np.array(v) for k, v in values.items()}
+    factors = []
+    for row in range(next(iter(values.values())).shape[0]):
+        start = {k: values[k][row].copy() for k in keys}
+
+        def at(t: float) -> dict[str, np.ndarray]:
+            out = dict(values)
+            for k in keys:
+                v = out[k] = out[k].copy()
+                moved = base[k][row].astype(np.float64) + t * (start[k].astype(np.float64) - base[k][row])
+                if k in bounds:
+                    moved = np.clip(moved, *bounds[k])
+                v[row] = moved.astype(v.dtype)
+            return out
+
+        lo, hi = 0.0, 1.0
+        if replays.triggers(at(0.0)):
+            hi = 0.0
+        else:
+            for _ in range(TOWARD_ORIGINAL_STEPS):
+                mid = (lo + hi) / 2
+                if replays.triggers(at(mid)):
+                    hi = mid
+                else:
+                    lo = mid
+        values = at(hi)
+        factors.append(round(hi, 6))
+    return values, factors
+
+
+def _clip(v: np.ndarray, bound: tuple[float, float] | None) -> np.ndarray:
+    return v if bound is None else np.clip(v, *bound).astype(v.dtype)
+
+
+def _distance(values: dict[str, np.ndarray], base: dict[str, np.ndarray], keys: list[str]) -> dict[str, float]:
+    diff = np.concatenate([(np.asarray(values[k], np.float64) - np.asarray(base[k], np.float64)).ravel()
+                           for k in keys])
+    if diff.size == 0:
+        return {"l2": 0.0, "linf": 0.0}
+    return {"l2": float(np.sqrt((diff * diff).sum())), "linf": float(np.abs(diff).max())}
+
+
+def _time_replay(runner, site: OpSite, values: dict[str, np.ndarray], state: dict | None, seed: int) -> float:
+    """Seconds of one replay (the best of a few, so that one slow run does not count)."""
+    best = math.inf
+    for _ in range(REPLAY_TIMINGS):
+        t = time.perf_counter()
+        confirm(runner, site, values, state, seed)
+        best = min(best, time.perf_counter() - t)
+        if best > REPLAY_TIMING_CAP_S:
             break
-    else:
-        chunk = len(rows) // 2                  # otherwise drop halves, quarters, ... (ddmin-like)
-        while chunk >= 1 and len(rows) > 1:
-            changed = False
-            for start in range(0, len(rows), chunk):
-                keep = rows[:start] + rows[start + chunk:]
-                if keep and triggers(keep):
-                    rows, changed = keep, True
-                    break
-            if not changed:
-                chunk //= 2
-    t_min = time.perf_counter()
-    small = {k: v[rows] for k, v in inputs.items()}
-    t_replay = time.perf_counter()
-    confirm(runner, site, small, state, seed)
-    replay_small = time.perf_counter() - t_replay
-    t_replay = time.perf_counter()
-    confirm(runner, site, inputs, state, seed)
-    replay_full = time.perf_counter() - t_replay
-    info = {"original_batch_size": int(n), "batch_size": len(rows), "rows": rows, "checks": checks,
-            "seconds": round(t_min - t0, 4), "replay_seconds_original": round(replay_full, 5),
-            "replay_seconds_minimised": round(replay_small, 5)}
-    return small, info
+    return round(best, 6)
+
+
+def baseline_batch(runner, site: OpSite, seed: int) -> dict[str, np.ndarray]:
+    """The batch a site's search started from, drawn again from the site's RNG (as SiteSearch does);
+    for candidates that do not carry their original batch. Clipping to bounds is left to minimise."""
+    rng = np.random.default_rng([seed, int(site.id, 16) & 0xFFFFFFFF])
+    return dict(runner.sample(rng))
 
 
 def finding_from(runner, spec: TargetSpec, site: OpSite, config: SearchConfig, cand: Candidate,

@@ -355,11 +355,14 @@ class EagerRunner:
         recorder = EagerRecorder(self.catalogue, locate_all=locate_all)
         eager_before = tf.config.functions_run_eagerly()
         tf.config.run_functions_eagerly(True)
+        tape_gradient = tf.GradientTape.gradient
+        tf.GradientTape.gradient = _paused(recorder, tape_gradient)   # a backward inside the program
         op_callbacks.add_op_callback(recorder)
         try:
             out = self.target.program(batch)
         finally:
             op_callbacks.remove_op_callback(recorder)
+            tf.GradientTape.gradient = tape_gradient
             tf.config.run_functions_eagerly(eager_before)
         self._stateful_random = recorder.stateful_random
         return recorder, out
@@ -373,6 +376,8 @@ class EagerRunner:
             key = (call.spec.name, call.location, call.occurrence)
             if key in seen:
                 continue
+            if call.spec.searched and call.spec.margins(call.inputs, XP) is None:
+                continue          # no hazard in this call (x ** 2)
             seen.add(key)
             sites.append(make_site(self.name, call.spec.name, call.kind, call.spec.hazard, call.location,
                                    call.occurrence, call.spec.searched))
@@ -480,6 +485,18 @@ class EagerRunner:
         ev.trained = True
         if self.options.search_weights:
             ev.weights = self.weights()
+
+
+def _paused(recorder: EagerRecorder, gradient):
+    """``GradientTape.gradient`` that the recorder does not see: ops of a backward pass run
+    inside the program are not forward sites (as in the torch backend)."""
+    def wrapper(tape, *args, **kwargs):
+        recorder.paused += 1
+        try:
+            return gradient(tape, *args, **kwargs)
+        finally:
+            recorder.paused -= 1
+    return wrapper
 
 
 def _outputs_nonfinite(out: Any) -> bool:
@@ -690,16 +707,19 @@ class GraphRunner:
         key = site.key
         if key in self._site_cache:
             return self._site_cache[key]
-        book = self._instrument()
-        call = book.find(key)
-        fetches = None
-        if call is not None:
+        call = self._instrument().find(key)
+        return self._site_fetches_for(call) if call is not None else None
+
+    def _site_fetches_for(self, call: Call) -> dict | None:
+        key = (call.spec.name, call.location, call.occurrence)
+        if key not in self._site_cache:
+            fetches = None
             with self.graph.as_default(), tf.compat.v1.name_scope("cdeepfuzz/site/"):
                 margin = call.spec.margins(call.inputs, XP)
                 if margin is not None:
                     fetches = self._margin_fetches(call, tf.convert_to_tensor(margin))
-        self._site_cache[key] = fetches
-        return fetches
+            self._site_cache[key] = fetches
+        return self._site_cache[key]
 
     def _margin_fetches(self, call: Call, m) -> dict:
         if m.dtype in (tf.float16, tf.bfloat16):
@@ -742,6 +762,8 @@ class GraphRunner:
             key = (call.spec.name, call.location, call.occurrence)
             if key in seen:
                 continue
+            if call.spec.searched and self._site_fetches_for(call) is None:
+                continue          # no hazard in this call (x ** 2, x / 2.0)
             seen.add(key)
             sites.append(make_site(self.name, call.spec.name, call.kind, call.spec.hazard, call.location,
                                    call.occurrence, call.spec.searched))

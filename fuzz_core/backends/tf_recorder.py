@@ -326,10 +326,11 @@ class EagerRecorder(FlagBook):
         self.locate_all = locate_all
         self.counts: dict[tuple[str, str], int] = {}
         self.stateful_random = False
+        self.paused = 0          # > 0 inside a GradientTape.gradient call of the program
         self._busy = False
 
     def __call__(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
-        if self._busy or graph is not None:     # our own checks; graph construction (not used)
+        if self._busy or self.paused or graph is not None:   # our checks; a backward; graph construction
             return None
         self._busy = True
         try:

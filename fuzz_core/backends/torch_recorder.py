@@ -177,6 +177,8 @@ class Recorder:
         The function mode's differentiable clone when there is one, else a plain copy.
         Returns the inputs and the positions of those kept as they are (to watch).
         """
+        if not written:
+            return inputs, [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor) and a.is_floating_point()]
         ptrs = {_storage(t) for t in written} - {0}
         ids = {id(t) for t in written}
         out, keep = [], []

@@ -36,7 +36,9 @@ BACKTRACK = (0.5, 0.2, 0.05)  # shorter steps along the first proposal, after th
 SIGN_FRACTION = 0.1      # sign-step size, as a fraction of each value's box
 STALL_REFRESH = 3        # iterations without progress before a refresh
 REFRESH_FRACTION = 0.25
-MUTATIONS = ("zero", "copy", "flat", "low", "high", "one", "minus_one")
+MUTATIONS = ("zero", "copy", "flat", "low", "high", "one", "minus_one", "jitter")
+MULT_MIN, MULT_MAX = 0.1, 8.0   # bounds of the input-space step multiplier
+JITTER = 1e-6            # relative size of the rounding-lottery perturbation
 
 
 class Adaptive(Strategy):
@@ -64,6 +66,9 @@ class Adaptive(Strategy):
             s.cache.pop("current", None)
 
     def _accept(self, s, values: dict, ev: Evaluation, label: str) -> None:
+        cur = s.cache.get("current")
+        if cur is not None and label in ("linear", "crossing", "retry"):
+            s.strategy_state["mult"] = adapt_multiplier(s.strategy_state.get("mult", 1.0), label, cur.hard, ev.hard)
         s.values = values
         s.cache["current"] = ev
         if ev.per_sample is not None:
@@ -80,6 +85,8 @@ class Adaptive(Strategy):
             if x_new is not None:
                 full[space] = x_new
                 yield space, x_new
+            if space == "linear" and not s.spec.point and x_new is not None:
+                yield "crossing", self._polyak(s, cur, space, 1 + OVERSHOOT) or x_new
         if full:                                   # backtrack along the first step's direction
             first = full[next(iter(full))]
             for t in BACKTRACK:
@@ -97,12 +104,13 @@ class Adaptive(Strategy):
             spaces = ["log", "linear"] if first == "log" else ["linear", "log"]
         return spaces
 
-    def _polyak(self, s, cur: Evaluation, space: str) -> dict | None:
+    def _polyak(self, s, cur: Evaluation, space: str, overshoot: float = 1.0) -> dict | None:
+        """Land on the edge (``overshoot`` 1) under a local model: log-linear, or ``c * d**k``."""
         if space == "log":
             grads, decrease = cur.log_grads, cur.log_loss
         else:
             grads = cur.grads
-            decrease = cur.hard if s.spec.point else cur.hard * (1 + OVERSHOOT)
+            decrease = cur.hard * s.strategy_state.get("mult", 1.0) * overshoot
         if grads is None or not (decrease > 0) or not math.isfinite(decrease):
             return None
         return box_step(s.values, grads, decrease, s.bounds)
@@ -127,6 +135,19 @@ class Adaptive(Strategy):
         if cur.per_sample is not None and len(cur.per_sample) == s.batch_size:
             return [int(np.argmin(cur.per_sample))]
         return list(range(s.batch_size))
+
+
+def adapt_multiplier(mult: float, label: str, before: float, after: float) -> float:
+    """Step-size control of the input-space step (a trust region on the Polyak multiplier).
+
+    A full step that landed well short of the edge (a margin like ``1 - cos``, ``~ d**2``,
+    only halves per step) grows the multiplier; a backtracked step shrinks it.
+    """
+    if label == "retry":
+        return max(MULT_MIN, mult / 2)
+    if before > 0 and after / before > 0.2:
+        return min(MULT_MAX, mult * 1.5)
+    return mult
 
 
 def _between(x: dict, y: dict, t: float) -> dict:
@@ -160,4 +181,7 @@ def _mutate(kind: str, value: np.ndarray, rows: list[int], lo: float, hi: float)
         out[rows] = np.clip(1.0, lo, hi)
     elif kind == "minus_one":
         out[rows] = np.clip(-1.0, lo, hi)
+    elif kind == "jitter":     # on a boundary that rounding decides (a cosine of parallel vectors)
+        noise = np.random.default_rng(abs(hash(value[rows].tobytes())) % 2**32).standard_normal(out[rows].shape)
+        out[rows] = np.clip(value[rows] * (1 + JITTER * noise) + JITTER * noise, lo, hi)
     return out

@@ -1,0 +1,26 @@
+"""The benchmark subjects: every program in campaigns/targets/, buggy or guarded.
+
+A guarded twin's file name says so (``*_guarded.py``, ``*_clamped.py``); TensorFlow
+subjects start with ``tf_``. Entries are relative to the repository root.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+TARGETS = Path(__file__).resolve().parent.parent / "campaigns" / "targets"
+GUARD_MARKS = ("guarded", "clamped")
+
+
+def _entries(tf: bool) -> tuple[dict[str, str], dict[str, str]]:
+    buggy, guarded = {}, {}
+    for path in sorted(TARGETS.glob("*.py")):
+        name = path.stem
+        if name.startswith("_") or name.startswith("tf_") != tf:
+            continue
+        entry = f"campaigns/targets/{path.name}:make_target"
+        (guarded if any(m in name for m in GUARD_MARKS) else buggy)[name] = entry
+    return buggy, guarded
+
+
+BUGGY, GUARDED = _entries(tf=False)
+BUGGY_TF, GUARDED_TF = _entries(tf=True)

@@ -1,0 +1,298 @@
+"""Fix suggestions: a guard at the op of a finding, verified by searching the guarded program again.
+
+For a finding, :func:`suggest` proposes guards at its op, in the order a reviewer would try
+them (a stable rewrite where the op's input shows where it came from, then the smallest clamp
+that keeps the op in its domain, then one with a margin): ``log`` of a ``softmax`` becomes
+``log_softmax``, ``log`` of ``sigmoid`` / ``1 - sigmoid`` becomes ``logsigmoid``, ``log``,
+``rsqrt``, ``xlogy`` clamp their input to >= tiny (then >= eps), ``div`` / ``reciprocal`` /
+``remainder`` keep ``|divisor| >= eps`` with the divisor's sign, ``sqrt`` clamps to >= 0 (then
+eps), ``exp`` to <= ln(max) (then ln(max) - ln(2**20)), ``acos`` / ``asin`` into [-1, 1],
+``atanh`` / ``erfinv`` into (-1, 1), ``acosh`` to >= 1, ``pow`` its base to >= 0 (>= tiny for
+a negative exponent), ``logit`` / ``ndtri`` into (0, 1). Poles (``lgamma``, ``digamma``) get none.
+
+A guard is applied above autograd by a ``torch.overrides.TorchFunctionMode`` that intercepts
+the same op at the same user location (``path:line``, found on the stack as the recorder
+finds it), so the gradient goes through the guard too, and the program's source is not
+edited. :func:`verify` replays the reproducer under the guard, then searches every suspect
+op of the guarded program (the guarded site first) with the finding's strategy and seed, up
+to a budget per site, stopping at the first qualifying non-finite value anywhere in a pass
+(not only at the searched op: a clamp at 1e-45 leaves a log of -103 that a later op may turn
+into an overflow). :func:`suggest_and_verify` tries the guards in order and writes a ``fix``
+section into ``finding.json``: ``verified`` (none found in N steps) with the guard to use, or
+``not sufficient`` with what each guard still let through (a residual finding, its values
+saved next to the report as ``fix-residual-<i>.safetensors``), or ``no suggestion``.
+
+Only the PyTorch backend has guards; torch is imported lazily, as the rest of fuzz_core does.
+"""
+from __future__ import annotations
+
+import linecache
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fuzz_core.io import atomic_save_arrays, atomic_write_json
+from fuzz_core.sites import OpSite
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUDGET = 200            # steps per searched site
+EXP_HEADROOM = 20 * math.log(2)  # the second exp guard leaves room for sums of 2**20 terms
+SRC_ATTR = "_cdeepfuzz_src"      # provenance tag left on softmax / sigmoid outputs while a mode runs
+
+# Python-level function names (torch.*, Tensor.*, dunders, F.*) of each guarded op.
+FUNCTIONS: dict[str, str] = {}
+for _op, _names in {
+    "log": "log log_", "log2": "log2 log2_", "log10": "log10 log10_", "log1p": "log1p log1p_",
+    "xlogy": "xlogy xlogy_ special_xlogy",
+    "div": "div div_ divide divide_ true_divide true_divide_ floor_divide floor_divide_ __truediv__ "
+           "__itruediv__ __floordiv__ __ifloordiv__ __div__ __idiv__",
+    "reciprocal": "reciprocal reciprocal_ __rdiv__ __rtruediv__",
+    "remainder": "remainder remainder_ fmod fmod_ __mod__ __imod__",
+    "sqrt": "sqrt sqrt_", "rsqrt": "rsqrt rsqrt_", "exp": "exp exp_", "expm1": "expm1 expm1_",
+    "pow": "pow pow_ __pow__ __ipow__ float_power float_power_",
+    "acos": "acos acos_ arccos arccos_", "asin": "asin asin_ arcsin arcsin_",
+    "atanh": "atanh atanh_ arctanh arctanh_", "acosh": "acosh acosh_ arccosh arccosh_",
+    "erfinv": "erfinv erfinv_ special_erfinv", "logit": "logit logit_ special_logit", "ndtri": "special_ndtri",
+}.items():
+    FUNCTIONS.update({n: _op for n in _names.split()})
+_DIVISOR_SECOND = {"div", "remainder", "xlogy"}     # the guarded input is args[1]; else args[0]
+
+
+@dataclass(frozen=True)
+class Guard:
+    """One change at one op, at one user location."""
+
+    name: str                    # clamp_min | clamp_max | clamp | abs_min | stable_log
+    op: str
+    location: str                # repo-relative path:line
+    params: dict[str, float] = field(default_factory=dict)
+    description: str = ""
+    code: str = ""               # what to write in the source instead
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Guard":
+        return cls(d["name"], d["op"], d["location"], dict(d.get("params") or {}), d.get("description", ""),
+                   d.get("code", ""))
+
+
+@dataclass
+class Attempt:
+    guard: Guard
+    status: str                  # verified | not sufficient
+    steps: int
+    sites: list[str]
+    seconds: float
+    residual: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"guard": self.guard.to_dict(), "status": self.status, "steps": self.steps, "sites": self.sites,
+                "seconds": round(self.seconds, 3), "residual": self.residual}
+
+
+# -- suggestions ---------------------------------------------------------------------------------------
+def suggest(op: str, location: str, probe: dict[str, Any]) -> list[Guard]:
+    """Guards for ``op`` at ``location``, most specific first; ``probe`` is what :func:`probe_calls`
+    saw there (dtype of the guarded input, its provenance, the exponent of a pow)."""
+    finfo = _finfo(probe.get("dtype", "float32"))
+    tiny, eps, big = finfo["tiny"], finfo["eps"], finfo["max"]
+    fn = {"div": "a / b", "remainder": "torch.remainder(a, b)", "xlogy": "torch.xlogy(x, y)"}.get(op, f"torch.{op}(x)")
+    arg = "b" if op in ("div", "remainder") else "y" if op == "xlogy" else "x"
+
+    def clamp(name: str, why: str, **params: float) -> Guard:
+        call = {"clamp_min": f"{arg}.clamp_min({params.get('lo', 0):.8g})",
+                "clamp_max": f"{arg}.clamp_max({params.get('hi', 0):.8g})",
+                "clamp": f"{arg}.clamp({params.get('lo', 0):.8g}, {params.get('hi', 0):.8g})",
+                "abs_min": f"torch.where({arg}.abs() < {params.get('eps', 0):.8g}, "
+                           f"torch.copysign(torch.full_like({arg}, {params.get('eps', 0):.8g}), {arg}), {arg})"}[name]
+        return Guard(name, op, location, params, why, fn.replace(arg, call, 1) if arg in fn else call)
+
+    guards: list[Guard] = []
+    src = probe.get("provenance")
+    if op in ("log", "log2", "log10") and src in ("softmax", "sigmoid", "one_minus_sigmoid"):
+        code = {"softmax": "torch.log_softmax(z, dim)", "sigmoid": "F.logsigmoid(z)",
+                "one_minus_sigmoid": "F.logsigmoid(-z)"}[src]
+        what = {"softmax": "log of a softmax", "sigmoid": "log of a sigmoid", "one_minus_sigmoid": "log of 1 - sigmoid"}[src]
+        guards.append(Guard("stable_log", op, location, {}, f"{what}: compute it in log space ({code})",
+                            code + ("" if op == "log" else f" / math.log({2 if op == 'log2' else 10})")))
+    if op in ("log", "log2", "log10", "rsqrt", "xlogy"):
+        guards += [clamp("clamp_min", f"clamp the input to >= tiny ({tiny:.3g})", lo=tiny),
+                   clamp("clamp_min", f"clamp the input to >= eps ({eps:.3g})", lo=eps)]
+    elif op == "log1p":
+        guards.append(clamp("clamp_min", "clamp the input to >= -1 + eps", lo=-1 + eps))
+    elif op in ("div", "reciprocal", "remainder"):
+        guards += [clamp("abs_min", f"keep |divisor| >= tiny ({tiny:.3g}), with its sign", eps=tiny),
+                   clamp("abs_min", f"keep |divisor| >= eps ({eps:.3g}), with its sign", eps=eps)]
+    elif op == "sqrt":
+        guards += [clamp("clamp_min", "clamp the input to >= 0", lo=0.0),
+                   clamp("clamp_min", f"clamp the input to >= eps ({eps:.3g})", lo=eps)]
+    elif op in ("exp", "expm1"):
+        top = math.log(big)
+        guards += [clamp("clamp_max", f"clamp the input to <= ln(max) ({top:.6g})", hi=top * (1 - eps)),
+                   clamp("clamp_max", f"clamp the input to <= ln(max) - ln(2**20) ({top - EXP_HEADROOM:.6g})",
+                         hi=top - EXP_HEADROOM)]
+    elif op == "pow":
+        negative = probe.get("exponent") is not None and probe["exponent"] < 0
+        guards += [clamp("clamp_min", f"clamp the base to >= {'tiny' if negative else '0'}", lo=tiny if negative else 0.0),
+                   clamp("clamp_min", f"clamp the base to >= eps ({eps:.3g})", lo=eps)]
+    elif op in ("acos", "asin"):
+        guards += [clamp("clamp", "clamp the input into [-1, 1]", lo=-1.0, hi=1.0),
+                   clamp("clamp", "clamp the input into [-1 + eps, 1 - eps]", lo=-1 + eps, hi=1 - eps)]
+    elif op in ("atanh", "erfinv"):
+        guards.append(clamp("clamp", "clamp the input into [-1 + eps, 1 - eps]", lo=-1 + eps, hi=1 - eps))
+    elif op == "acosh":
+        guards.append(clamp("clamp_min", "clamp the input to >= 1", lo=1.0))
+    elif op in ("logit", "ndtri"):
+        guards += [clamp("clamp", "clamp the input into [tiny, 1 - eps]", lo=tiny, hi=1 - eps),
+                   clamp("clamp", "clamp the input into [eps, 1 - eps]", lo=eps, hi=1 - eps)]
+    return guards
+
+
+def _finfo(dtype: str) -> dict[str, float]:
+    import torch
+
+    dt = getattr(torch, str(dtype).replace("torch.", ""), torch.float32)
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        dt = torch.get_default_dtype()
+    fi = torch.finfo(dt)
+    return {"tiny": float(fi.tiny), "eps": float(fi.eps), "max": float(fi.max)}
+
+
+# -- the mode -------------------------------------------------------------------------------------------
+_MODE_CLASS = None
+
+
+def guard_mode(guards: list[Guard] = (), probe: tuple[str, str] | None = None):
+    """A fresh ``TorchFunctionMode`` that applies ``guards`` (and records calls at ``probe``)."""
+    return _mode_class()(list(guards), probe)
+
+
+def _mode_class():
+    global _MODE_CLASS
+    if _MODE_CLASS is not None:
+        return _MODE_CLASS
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    from fuzz_core.backends.torch_recorder import LOCATOR
+
+    def transform(g: Guard, x):
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+            return x
+        p = g.params
+        if g.name == "clamp_min":
+            return x.clamp_min(p["lo"])
+        if g.name == "clamp_max":
+            return x.clamp_max(p["hi"])
+        if g.name == "clamp":
+            return x.clamp(p["lo"], p["hi"])
+        if g.name == "abs_min":
+            return torch.where(x.abs() < p["eps"], torch.copysign(torch.full_like(x, p["eps"]), x), x)
+        return x
+
+    def stable_log(g: Guard, func, args, kwargs):
+        src = getattr(args[0], SRC_ATTR, None) if args else None
+        if src is None or func.__name__.endswith("_") or "out" in kwargs:
+            return func(*args, **kwargs)
+        if src[0] == "softmax":
+            y = torch.log_softmax(src[1], src[2], dtype=src[3])
+        else:
+            y = F.logsigmoid(src[1] if src[0] == "sigmoid" else -src[1])
+        return y if g.op == "log" else y / math.log(2 if g.op == "log2" else 10)
+
+    def apply(g: Guard, func, args, kwargs):
+        if g.name == "stable_log":
+            return stable_log(g, func, args, kwargs)
+        i = 1 if g.op in _DIVISOR_SECOND else 0
+        if len(args) <= i:
+            return func(*args, **kwargs)
+        name = func.__name__
+        inplace = i == 0 and (name.startswith("__i") or (name.endswith("_") and not name.endswith("__")))
+        new = list(args)
+        new[i] = transform(g, args[i])
+        if inplace and new[0] is not args[0]:
+            func(*new, **kwargs)                 # in place on the guarded copy
+            return args[0].copy_(new[0])
+        return func(*new, **kwargs)
+
+    def tag(name: str, args, kwargs, out) -> None:
+        if not isinstance(out, torch.Tensor) or not args:
+            return
+        if name == "softmax":
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            if isinstance(dim, int):
+                setattr(out, SRC_ATTR, ("softmax", args[0], dim, kwargs.get("dtype")))
+        elif name == "sigmoid":
+            setattr(out, SRC_ATTR, ("sigmoid", args[0]))
+        elif name == "__rsub__" and len(args) > 1 and isinstance(args[1], (int, float)) and args[1] == 1:
+            src = getattr(args[0], SRC_ATTR, None)
+            if src is not None and src[0] == "sigmoid":
+                setattr(out, SRC_ATTR, ("one_minus_sigmoid", src[1]))
+
+    class GuardMode(TorchFunctionMode):
+        """Applies guards at (op, path:line); tags softmax/sigmoid outputs with their inputs."""
+
+        def __init__(self, guards: list[Guard], probe: tuple[str, str] | None) -> None:
+            super().__init__()
+            self.guards = {(g.op, g.location): g for g in guards}
+            self.ops = {g.op for g in guards} | ({probe[0]} if probe else set())
+            self.probe = probe
+            self.calls: list[dict[str, Any]] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = getattr(func, "__name__", "")
+            op = FUNCTIONS.get(name)
+            if op in self.ops:
+                location = LOCATOR.locate(1)
+                if self.probe == (op, location):
+                    self.calls.append(_describe_call(op, name, args, torch))
+                g = self.guards.get((op, location))
+                if g is not None:
+                    return apply(g, func, args, kwargs)
+            out = func(*args, **kwargs)
+            tag(name, args, kwargs, out)
+            return out
+
+    _MODE_CLASS = GuardMode
+    return GuardMode
+
+
+def _describe_call(op: str, name: str, args, torch) -> dict[str, Any]:
+    i = 1 if op in _DIVISOR_SECOND else 0
+    x = args[i] if len(args) > i else None
+    out: dict[str, Any] = {"function": name, "tensor": isinstance(x, torch.Tensor)}
+    if isinstance(x, torch.Tensor):
+        out["dtype"] = str(x.dtype).replace("torch.", "")
+        src = getattr(x, SRC_ATTR, None)
+        out["provenance"] = src[0] if src else None
+    if op == "pow" and len(args) > 1:
+        e = args[1]
+        out["exponent"] = float(e.min()) if isinstance(e, torch.Tensor) else float(e) if isinstance(e, (int, float)) else None
+    return out
+
+
+def install(runner, make_mode) -> None:
+    """Run the runner's program inside ``make_mode()`` (a fresh mode per pass); None removes it."""
+    target = runner.target
+    program = getattr(target, "_unguarded_program", None) or target.program
+    target._unguarded_program = program
+    if make_mode is None:
+        target.program = program
+        return
+
+    def guarded(batch):
+        with make_mode():
+            return program(batch)
+
+    target.program = guarded
