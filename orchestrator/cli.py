@@ -136,6 +136,26 @@ def bugs(campaign: Optional[str] = typer.Option(None, "--campaign", help="only t
     Console().print(table)
 
 
+@app.command()
+def sync(run_folder: Path = typer.Argument(..., help="a run folder whose tracking was spooled"),
+         tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="default: the run's own")) -> None:
+    """Send what a run spooled while MLflow was unreachable (exit 1 if some is still left)."""
+    from orchestrator.tracking import SPOOL_NAME, replay_spool
+
+    summary = run_folder / "summary.json"
+    uri = tracking_uri
+    if uri is None and summary.is_file():
+        uri = (json.loads(summary.read_text()).get("run") or {}).get("tracking_uri")
+    if not uri:
+        _fail(f"{run_folder}: no tracking URI: give --tracking-uri")
+    if not (run_folder / SPOOL_NAME).is_file():
+        typer.echo(f"nothing to send: {run_folder / SPOOL_NAME} does not exist")
+        return
+    result = replay_spool(uri, run_folder)
+    typer.echo(f"sent {result.sent}, dropped {result.dropped} (invalid), left {result.left} -> {uri}")
+    raise typer.Exit(1 if result.left else 0)
+
+
 def main() -> None:
     logging.basicConfig(level=os.environ.get("CDEEPFUZZ_LOG", "WARNING").upper(),
                         format="%(levelname)s %(name)s: %(message)s")
