@@ -10,7 +10,8 @@ Each iteration proposes, in order, until one lowers the hard-minimum margin:
    at a point (a zero divisor). The step is solved inside the box (bounds), so
    clipping does not eat it;
 2. the same step in the other space, then shorter steps (backtracking);
-3. a sign step when the gradient vanishes;
+3. a sign step when the gradient vanishes; after an iteration without progress, a
+   short walk of unconditional sign steps (GRIST's move) out of the local minimum;
 4. mutations to interesting values: the weakest sample set to 0, to a copy of
    another sample, to its own mean (equal features), to the bounds, to +-1.
    Floating point is discrete: a gradient step rarely lands *exactly* on a zero
@@ -35,6 +36,8 @@ OVERSHOOT = 0.5          # linear steps aim this fraction of the margin past a c
 BACKTRACK = (0.5, 0.2, 0.05)  # shorter steps along the first proposal, after the full ones
 SIGN_FRACTION = 0.1      # sign-step size, as a fraction of each value's box
 STALL_REFRESH = 3        # iterations without progress before a refresh
+ESCAPE_STEPS = 12        # unconditional sign steps after an iteration without progress
+ESCAPE_FRACTION = 0.025  # their size, as a fraction of each value's box
 REFRESH_FRACTION = 0.25
 MUTATIONS = ("zero", "copy", "flat", "low", "high", "one", "minus_one", "jitter")
 MULT_MIN, MULT_MAX = 0.1, 8.0   # bounds of the input-space step multiplier
@@ -47,6 +50,9 @@ class Adaptive(Strategy):
     def iterate(self, s) -> None:
         cur: Evaluation | None = s.cache.get("current")
         st = s.strategy_state
+        if cur is not None and st.get("escape", 0) > 0:
+            self._escape(s, cur)
+            return
         if cur is None:
             st["seed_step"] = s.step          # candidates share this step's randomness until a refresh
             cur = s.evaluate(s.values, seed_step=st["seed_step"])
@@ -60,10 +66,25 @@ class Adaptive(Strategy):
                 self._accept(s, x_new, ev, label)
                 return
         st["stall"] = st.get("stall", 0) + 1
+        st["escape"] = ESCAPE_STEPS              # a local minimum: walk out of it, whatever the loss does
         if st["stall"] >= STALL_REFRESH:
             st["stall"] = 0
             refresh_samples(s, REFRESH_FRACTION, cur.per_sample)
             s.cache.pop("current", None)
+
+    def _escape(self, s, cur: Evaluation) -> None:
+        """Sign steps taken unconditionally, as GRIST does: they cross ReLU kinks and ridges
+        where the monotone Polyak iteration stalls."""
+        st = s.strategy_state
+        st["escape"] -= 1
+        if cur.grads is None or not cur.connected:
+            st["escape"] = 0
+            return
+        sizes = {k: ESCAPE_FRACTION * (hi - lo) for k, (lo, hi) in s.bounds.items()}
+        x_new = sign_step(s.values, cur.grads, sizes, s.bounds)
+        ev = s.evaluate(x_new, event="escape", seed_step=st.get("seed_step"))
+        if ev.seen:
+            s.values, s.cache["current"] = x_new, ev
 
     def _accept(self, s, values: dict, ev: Evaluation, label: str) -> None:
         cur = s.cache.get("current")
