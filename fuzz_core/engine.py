@@ -5,7 +5,6 @@ What the Ray actors call, and what ``cdeepfuzz replay`` uses. No ray, no mlflow.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,7 +189,7 @@ def _distance(values: dict[str, np.ndarray], base: dict[str, np.ndarray], keys: 
 
 def _time_replay(runner, site: OpSite, values: dict[str, np.ndarray], state: dict | None, seed: int) -> float:
     """Seconds of one replay (the best of a few, so that one slow run does not count)."""
-    best = math.inf
+    best = float("inf")
     for _ in range(REPLAY_TIMINGS):
         t = time.perf_counter()
         confirm(runner, site, values, state, seed)
