@@ -117,13 +117,12 @@ def suggest(op: str, location: str, probe: dict[str, Any]) -> list[Guard]:
         return Guard(name, op, location, params, why, fn.replace(arg, call, 1) if arg in fn else call)
 
     guards: list[Guard] = []
-    src = probe.get("provenance")
-    if op in ("log", "log2", "log10") and src in ("softmax", "sigmoid", "one_minus_sigmoid"):
-        code = {"softmax": "torch.log_softmax(z, dim)", "sigmoid": "F.logsigmoid(z)",
-                "one_minus_sigmoid": "F.logsigmoid(-z)"}[src]
-        what = {"softmax": "log of a softmax", "sigmoid": "log of a sigmoid", "one_minus_sigmoid": "log of 1 - sigmoid"}[src]
-        guards.append(Guard("stable_log", op, location, {}, f"{what}: compute it in log space ({code})",
-                            code + ("" if op == "log" else f" / math.log({2 if op == 'log2' else 10})")))
+    sources = probe.get("provenance") or []
+    if op in ("log", "log2", "log10") and sources:
+        scale = "" if op == "log" else f" / math.log({2 if op == 'log2' else 10})"
+        what = " and ".join(f"{_STABLE[s][0]} ({_STABLE[s][1]}{scale})" for s in sources)
+        guards.append(Guard("stable_log", op, location, {}, f"compute in log space: {what}",
+                            "; ".join(_STABLE[s][1] + scale for s in sources)))
     if op in ("log", "log2", "log10", "rsqrt", "xlogy"):
         guards += [clamp("clamp_min", f"clamp the input to >= tiny ({tiny:.3g})", lo=tiny),
                    clamp("clamp_min", f"clamp the input to >= eps ({eps:.3g})", lo=eps)]
@@ -155,6 +154,11 @@ def suggest(op: str, location: str, probe: dict[str, Any]) -> list[Guard]:
         guards += [clamp("clamp", "clamp the input into [tiny, 1 - eps]", lo=tiny, hi=1 - eps),
                    clamp("clamp", "clamp the input into [eps, 1 - eps]", lo=eps, hi=1 - eps)]
     return guards
+
+
+_STABLE = {"softmax": ("log of a softmax", "torch.log_softmax(z, dim)"),
+           "sigmoid": ("log of a sigmoid", "F.logsigmoid(z)"),
+           "one_minus_sigmoid": ("log of 1 - sigmoid", "F.logsigmoid(-z)")}
 
 
 def _finfo(dtype: str) -> dict[str, float]:
@@ -296,3 +300,177 @@ def install(runner, make_mode) -> None:
             return program(batch)
 
     target.program = guarded
+
+
+# -- probing, verifying ----------------------------------------------------------------------------------
+def probe_calls(runner, site: OpSite, inputs: dict[str, np.ndarray], state: dict | None, seed: int) -> list[dict]:
+    """The Python-level calls of the site's op at its location, in one replay of the reproducer."""
+    from fuzz_core.engine import confirm
+
+    modes = []
+
+    def make():
+        modes.append(guard_mode((), probe=(site.op, site.location)))
+        return modes[-1]
+
+    install(runner, make)
+    try:
+        confirm(runner, site, inputs, state, seed)
+    finally:
+        install(runner, None)
+    return [c for m in modes for c in m.calls]
+
+
+class _Watching:
+    """A runner whose evaluations end the search at any qualifying non-finite value of the pass."""
+
+    def __init__(self, runner) -> None:
+        self._runner = runner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+    def evaluate(self, values, site, **kwargs):
+        ev = self._runner.evaluate(values, site, **kwargs)
+        if ev.event and not ev.triggered:
+            ev.triggered = True
+        return ev
+
+
+def verify(runner, site: OpSite, loaded, guard: Guard, budget: int, strategy: str = "adaptive",
+           seed: int = 0, search_weights: bool = False) -> Attempt:
+    """Replay the reproducer under ``guard``, then search every suspect op of the guarded program."""
+    from fuzz_core.engine import confirm
+    from fuzz_core.search import SearchConfig, SiteSearch
+
+    t0 = time.perf_counter()
+    install(runner, lambda: guard_mode([guard]))
+    try:
+        step_seed = int(loaded.report.get("step_seed", 0))
+        check = confirm(runner, site, loaded.inputs, loaded.state, step_seed)
+        if check.event:
+            residual = _residual("the reproducer itself", check, 0, loaded.inputs, loaded.state)
+            return Attempt(guard, "not sufficient", 0, [], time.perf_counter() - t0, residual)
+        runner.reset()
+        batch = runner.sample(np.random.default_rng([seed, 0x5EED]))
+        sites = [s for s in runner.discover(batch, seed) if s.searched]
+        sites.sort(key=lambda s: (s.op, s.location) != (site.op, site.location))
+        config = SearchConfig(strategy, max(1, int(budget)), seed, search_weights)
+        steps, searched = 0, []
+        for s in sites:
+            search = SiteSearch(_Watching(runner), s, config)
+            result = search.run(config.max_steps)
+            steps += result.steps
+            searched.append(s.label)
+            cand = result.candidate
+            if cand is None:
+                continue
+            check = confirm(runner, s, cand.values, cand.state, cand.seed)
+            if check.event:
+                residual = _residual(s.label, check, cand.step, cand.values, cand.state)
+                return Attempt(guard, "not sufficient", steps, searched, time.perf_counter() - t0, residual)
+        return Attempt(guard, "verified", steps, searched, time.perf_counter() - t0)
+    finally:
+        install(runner, None)
+        runner.reset()
+
+
+def _residual(searched: str, check, step: int, values: dict, state: dict | None) -> dict[str, Any]:
+    first = check.first_op.to_dict() if check.first_op else None
+    weights_bad = bool(state) and any(
+        k.startswith("model.") and np.issubdtype(np.asarray(v).dtype, np.floating) and not np.isfinite(v).all()
+        for k, v in state.items())
+    where = f"{first['kind']} at {first['location']}" if first else "the program's output"
+    why = f"non-finite value at {where}"
+    if weights_bad:
+        why += " (the weights went non-finite in the program's training step: the gradient through the guard is not finite)"
+    return {"searched": searched, "first_op": first, "step": step, "weights_nonfinite": weights_bad,
+            "explanation": why, "_values": values, "_state": state}
+
+
+def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET, *, device: str = "cpu",
+                       runner=None) -> dict[str, Any]:
+    """Suggest guards for a finding, verify them in order, write the ``fix`` section; return it."""
+    from fuzz_core.backends.base import RunnerOptions
+    from fuzz_core.engine import TargetSpec, build_runner
+    from fuzz_core.findings import load_finding
+
+    folder = Path(finding_folder)
+    loaded = load_finding(folder)
+    report, site = loaded.report, loaded.site
+    t = report["target"]
+    weights = report.get("trigger") == "weights"
+    fix: dict[str, Any] = {"budget": int(budget), "site": site.label, "location": site.location,
+                           "source": linecache.getline(site.location.rsplit(":", 1)[0],
+                                                       int(site.location.rsplit(":", 1)[1] or 0)).strip()
+                           if ":" in site.location else "",
+                           "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if (t.get("framework") or "torch") != "torch":
+        return _write(folder, report, {**fix, "status": "no suggestion", "attempts": [], "recommended": None,
+                                       "message": "no suggestion: guards are implemented for PyTorch programs only"})
+    if runner is None:
+        spec = TargetSpec(t["name"], t["entry"], dict(t.get("args") or {}), t.get("framework"), int(t.get("seed", 0)))
+        runner = build_runner(spec, RunnerOptions(device=device, search_weights=weights))
+    calls = probe_calls(runner, site, loaded.inputs, loaded.state, int(report.get("step_seed", 0)))
+    guards = suggest(site.op, site.location, _merge(calls)) if calls else []
+    if not guards:
+        why = (f"the {site.op} at {site.location} is not called from Python (it runs inside a fused or C++ "
+               f"function), so no function-level guard reaches it" if not calls else f"no guard for {site.op}")
+        return _write(folder, report, {**fix, "status": "no suggestion", "attempts": [], "recommended": None,
+                                       "message": f"no suggestion: {why}"})
+    attempts = []
+    for guard in guards:
+        attempt = verify(runner, site, loaded, guard, budget, report.get("strategy", "adaptive"),
+                         int(t.get("seed", 0)), weights)
+        attempts.append(attempt)
+        log.info("fix %s for %s: %s in %d steps", guard.description, site.label, attempt.status, attempt.steps)
+        if attempt.status == "verified":
+            break
+    good = next((a for a in attempts if a.status == "verified"), None)
+    if good is not None and not good.sites:
+        message = (f"verified: with the guard ({good.guard.description}) the reproducer stays finite and the "
+                   f"program has no suspect op left to search (none found in 0 steps)")
+    elif good is not None:
+        message = (f"verified: none found in {good.steps} steps over {len(good.sites)} site(s) "
+                   f"({budget} per site) with the guard: {good.guard.description}")
+    else:
+        last = attempts[-1].residual or {}
+        message = (f"not sufficient: {len(attempts)} guard(s) tried; with {attempts[-1].guard.description}, "
+                   f"searching {last.get('searched')} still found a {last.get('explanation')}")
+    section = {**fix, "status": "verified" if good else "not sufficient", "message": message,
+               "recommended": good.guard.to_dict() if good else None, "probe": calls[:8],
+               "attempts": [_saved(folder, i, a) for i, a in enumerate(attempts)]}
+    return _write(folder, report, section)
+
+
+def _merge(calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """One description of the calls at a location: the first dtype, their provenances when every
+    call has one (a stable rewrite then covers them all), the lowest exponent of a pow."""
+    tensors = [c for c in calls if c.get("tensor")]
+    provenance = [c.get("provenance") for c in tensors]
+    exponents = [c["exponent"] for c in calls if c.get("exponent") is not None]
+    return {"dtype": tensors[0]["dtype"] if tensors else "float32",
+            "provenance": sorted(set(provenance)) if provenance and None not in provenance else [],
+            "exponent": min(exponents) if exponents else None}
+
+
+def _saved(folder: Path, i: int, attempt: Attempt) -> dict[str, Any]:
+    d = attempt.to_dict()
+    res = d.get("residual")
+    if res:
+        values, state = res.pop("_values"), res.pop("_state")
+        arrays = {"input." + k: np.asarray(v) for k, v in values.items()}
+        arrays.update({"state." + k: np.asarray(v) for k, v in (state or {}).items()})
+        name = f"fix-residual-{i}.safetensors"
+        atomic_save_arrays(folder / name, arrays)
+        res["values"] = name
+    return d
+
+
+def _write(folder: Path, report: dict[str, Any], section: dict[str, Any]) -> dict[str, Any]:
+    from fuzz_core.findings import REPORT
+
+    report = dict(report)
+    report["fix"] = section
+    atomic_write_json(folder / REPORT, report)
+    return section
