@@ -156,6 +156,63 @@ def sync(run_folder: Path = typer.Argument(..., help="a run folder whose trackin
     raise typer.Exit(1 if result.left else 0)
 
 
+@app.command()
+def report(folder: Path = typer.Argument(..., help="a run folder, or an output folder (its newest run)"),
+           all_runs: bool = typer.Option(False, "--all", help="report every run of an output folder")) -> None:
+    """Write an HTML report (loss curves, findings, budget allocation) into the run folder's report/."""
+    from orchestrator.report import ReportError, describe, write_reports
+
+    try:
+        pages = write_reports(folder, all_runs=all_runs)
+    except ReportError as exc:
+        _fail(str(exc))
+    typer.echo(describe(pages))
+
+
+@app.command()
+def triage(finding: str = typer.Argument(..., help="a finding folder, or the MLflow run id of its site run"),
+           state: str = typer.Option(..., "--state", help="new | confirmed | duplicate | wontfix | fixed"),
+           note: Optional[str] = typer.Option(None, "--note", help="a note kept with the state"),
+           tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri")) -> None:
+    """Set the triage state of a finding (tags on its MLflow site run)."""
+    from orchestrator.triage import TriageError, triage as set_state
+
+    try:
+        result = set_state(finding, state, note, tracking_uri)
+    except TriageError as exc:
+        _fail(str(exc))
+    typer.echo(result.describe())
+
+
+@app.command()
+def fix(folder: Path = typer.Argument(..., help="a finding folder"),
+        budget: int = typer.Option(200, "--budget", min=1, help="search steps per suspect op of the guarded program"),
+        trust: bool = typer.Option(False, "--trust", help="run a factory outside the current directory tree"),
+        device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto")) -> None:
+    """Suggest a guard for a finding and verify it by searching the guarded program; exit 0 if verified."""
+    from fuzz_core.findings import FindingError, load_finding
+    from fuzz_core.fixes import suggest_and_verify
+    from fuzz_core.loader import EntryError
+    from orchestrator.replaying import ReplayError, check_trusted
+
+    try:
+        check_trusted(str(load_finding(folder).report["target"].get("entry", "")), trust)
+        section = suggest_and_verify(folder, budget, device=device)
+    except (FindingError, ReplayError) as exc:
+        _fail(str(exc))
+    except (EntryError, ImportError, OSError) as exc:
+        _fail(f"cannot build the finding's target: {exc} (run from the folder the campaign ran in: "
+              f"the entry is relative to it)")
+    typer.echo(section["message"])
+    for attempt in section.get("attempts", []):
+        residual = attempt.get("residual") or {}
+        typer.echo(f"  - {attempt['guard']['description']}: {attempt['status']} ({attempt['steps']} steps)"
+                   + (f": {residual.get('explanation')}" if residual else ""))
+    if section.get("recommended"):
+        typer.echo(f"guard: {section['recommended']['code']}")
+    raise typer.Exit(0 if section["status"] == "verified" else 1)
+
+
 def main() -> None:
     logging.basicConfig(level=os.environ.get("CDEEPFUZZ_LOG", "WARNING").upper(),
                         format="%(levelname)s %(name)s: %(message)s")
