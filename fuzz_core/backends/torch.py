@@ -330,9 +330,12 @@ class TorchRunner:
         names = list(leaves)
         targets = [leaves[n] for n in names]
         keep = retain or log_space
-        ev.grads, ev.grad_norm, ev.connected = _grads(hard, names, targets, keep)
-        if log_space and math.isfinite(ev.log_loss):
-            ev.log_grads, _, _ = _grads(log_loss, names, targets, retain)
+        try:
+            ev.grads, ev.grad_norm, ev.connected = _grads(hard, names, targets, keep)
+            if log_space and math.isfinite(ev.log_loss):
+                ev.log_grads, _, _ = _grads(log_loss, names, targets, retain)
+        except RuntimeError:   # the program overwrote in place a tensor autograd saved
+            ev.grads, ev.log_grads, ev.grad_norm, ev.connected = None, None, 0.0, False
 
     def _train(self, batch: dict, loss: torch.Tensor, ev: Evaluation) -> None:
         """The program's own training step on the searched batch (GRIST keeps training)."""
