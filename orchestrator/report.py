@@ -169,29 +169,32 @@ def _pyplot():
     return plt
 
 
-def site_chart(plt, site: dict[str, Any], trace: SiteTrace | None, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=CHART_SIZE, dpi=CHART_DPI)
+def site_chart(fig, site: dict[str, Any], trace: SiteTrace | None, path: Path) -> None:
+    """One small chart: suspect loss against step (symlog), refreshes, mutations and the trigger marked.
+    ``fig`` is reused from site to site (a fixed layout: thousands of sites stay cheap)."""
+    fig.clf()
+    ax = fig.add_axes((0.17, 0.2, 0.79, 0.68))
     found = site.get("status") == "found"
     if trace is not None and len(trace.steps):
         losses = np.where(np.isfinite(trace.losses), trace.losses, np.nan)
         ax.plot(trace.steps, losses, color="#c0392b" if found else "#2c6fbb", lw=1.2)
+        marked = False
         for name, marker in (("refresh", "s"), ("mutation", "^"), ("trigger", "*")):
             idx = [i for i, e in enumerate(trace.events) if e == name]
             if idx:
+                marked = True
                 ax.plot(trace.steps[idx], np.nan_to_num(losses[idx], nan=0.0), marker, ms=5 if name != "trigger" else 9,
                         ls="none", color="black" if name != "trigger" else "#c0392b", label=name)
         ax.set_yscale("symlog", linthresh=1e-3)
-        if any(e in ("refresh", "mutation", "trigger") for e in trace.events):
+        if marked:
             ax.legend(fontsize=6, loc="upper right", frameon=False)
     else:
         ax.text(0.5, 0.5, "no trace (never searched)", ha="center", va="center", transform=ax.transAxes, fontsize=8)
     ax.set_title(_short(_site_name(site), 44) + f"  [{site.get('status')}]", fontsize=7)
-    ax.set_xlabel("step", fontsize=7)
-    ax.set_ylabel("suspect loss", fontsize=7)
+    ax.set_xlabel("step", fontsize=7, labelpad=1)
+    ax.set_ylabel("suspect loss", fontsize=7, labelpad=1)
     ax.tick_params(labelsize=6)
-    fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def allocation_chart(plt, data: RunData, labels: dict[str, str], path: Path) -> bool:
@@ -291,7 +294,7 @@ def _bug_cell(data: RunData, report: dict[str, Any], folder: str) -> str:
     if bug is None:
         return f"<code>{_e(sig)}</code>"
     best = (bug.get("best") or {}).get("folder", "")
-    mine = best.endswith(folder) if best and folder else False
+    mine = bool(best and folder) and best.endswith(f"{data.run_dir.name}/{folder}")
     return (f"<code>{_e(sig)}</code><br>{len(bug.get('occurrences', []))} occurrence(s); "
             + ("this is the smallest reproducer" if mine else f"smallest: <code>{_e(best)}</code>"))
 
@@ -368,9 +371,13 @@ def write_report(run_dir: Path) -> Path:
     plt = _pyplot()
     sites = ordered_sites(data.summary)
     charts = {}
-    for site in sites:
-        charts[site["id"]] = f"loss-{site['id']}.png"
-        site_chart(plt, site, data.traces.get(site["id"]), out / charts[site["id"]])
+    fig = plt.figure(figsize=CHART_SIZE, dpi=CHART_DPI)
+    try:
+        for site in sites:
+            charts[site["id"]] = f"loss-{site['id']}.png"
+            site_chart(fig, site, data.traces.get(site["id"]), out / charts[site["id"]])
+    finally:
+        plt.close(fig)
     labels = {s["id"]: _site_name(s) for s in sites}
     allocation = "allocation.png" if allocation_chart(plt, data, labels, out / "allocation.png") else None
     page = out / INDEX

@@ -1,0 +1,131 @@
+"""Two campaign runs into one output: their findings deduplicate into bugs, and the report renders offline."""
+from __future__ import annotations
+
+import json
+import textwrap
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fuzz_core.dedupe import BugDatabase, rebuild_index, size_key
+from orchestrator.campaign import RunOptions, run_campaign
+from orchestrator.cli import app
+from orchestrator.config import load_campaign
+from orchestrator.report import write_reports
+
+TARGETS = {"sig": "campaigns/targets/log_one_minus_sigmoid.py:make_target",
+           "pow": "campaigns/targets/pow_fractional.py:make_target"}
+
+
+def _campaign(tmp: Path, seed: int) -> Path:
+    path = tmp / f"rep-{seed}.yaml"
+    targets = "\n".join(f"  - {{name: {n}, entry: {e}}}" for n, e in TARGETS.items())
+    path.write_text(f"name: rep\ntargets:\n{targets}\n" + textwrap.dedent(f"""\
+        search: {{strategy: adaptive, max_steps: 40, seed: {seed}}}
+        scheduler: {{policy: loss-slope, quantum: 10}}
+        resources: {{num_actors: 0, num_cpus: 1, num_gpus: 0}}
+        device: cpu
+        time_limit_s: 120
+        output: {tmp / 'runs'}
+        tracking: {{enabled: false}}
+        """))
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("report")
+    outcomes = []
+    for seed in (0, 1):
+        path = _campaign(tmp, seed)
+        outcomes.append(run_campaign(load_campaign(path), path, RunOptions(progress=False)))
+    assert [o.exit_code for o in outcomes] == [1, 1]
+    return tmp / "runs", outcomes
+
+
+def test_the_same_bugs_found_by_two_campaign_runs_are_one_bug_each(two_runs):
+    output, outcomes = two_runs
+    rebuild_index(output)
+    again = rebuild_index(output)                               # idempotent
+    assert not any(r.new_occurrence for r in again)
+    db = BugDatabase(output)
+    bugs = {(b["target"], b["op"], b["location"]): b for b in db.bugs()}
+    summaries = [json.loads(Path(o.summary).read_text()) for o in outcomes]
+    found = [{(s["target"], s["op"], s["location"]) for s in sm["sites"] if s["finding"]} for sm in summaries]
+    assert found[0] & found[1], "both runs must find a common bug"
+    assert set(bugs) == found[0] | found[1]
+    for key in found[0] & found[1]:
+        bug = bugs[key]
+        occ = bug["occurrences"]
+        assert {o["run"] for o in occ} == {o.run_dir.name for o in outcomes}
+        assert {o["seed"] for o in occ} == {0, 1}
+        best = min(occ, key=lambda o: size_key(o["batch_size"], o["distance_l2"], o["distance_linf"]))
+        assert bug["best"]["folder"] == best["folder"]               # the smaller one is the reproducer
+        assert (Path(bug["reproducer"]) / "values.safetensors").is_file()
+    res = CliRunner().invoke(app, ["replay", bugs[sorted(found[0] & found[1])[0]]["reproducer"]])
+    assert res.exit_code == 0, res.output
+
+
+class _Assets(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.imgs: list[str] = []
+        self.links: list[str] = []
+        self.ids: list[str] = []
+        self.rows = 0
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "img":
+            self.imgs.append(a["src"])
+        if tag in ("a", "link", "script"):
+            self.links.append(a.get("href") or a.get("src") or "")
+        if "id" in a:
+            self.ids.append(a["id"])
+
+
+def test_report_renders_offline_with_a_chart_per_site(two_runs):
+    output, outcomes = two_runs
+    rebuild_index(output)
+    res = CliRunner().invoke(app, ["report", str(output)])      # an output folder: its newest run
+    assert res.exit_code == 0, res.output
+    newest = outcomes[-1].run_dir
+    page = newest / "report" / "index.html"
+    assert str(page) in res.output and not (outcomes[0].run_dir / "report").exists()
+    text = page.read_text()
+    parser = _Assets()
+    parser.feed(text)
+    parser.close()
+    summary = json.loads(Path(outcomes[-1].summary).read_text())
+    sites = summary["sites"]
+    charts = [f"loss-{s['id']}.png" for s in sites]
+    assert set(charts) <= set(parser.imgs) and "allocation.png" in parser.imgs
+    for src in parser.imgs + parser.links:
+        assert not src.startswith(("http:", "https:", "//")), src
+    for src in parser.imgs:
+        png = page.parent / src
+        assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    order = [i[len("site-"):] for i in parser.ids if i.startswith("site-")]
+    found = [s["id"] for s in sites if s["status"] == "found"]
+    assert order[:len(found)] == sorted(found, key=order.index) and set(order[:len(found)]) == set(found)
+    for s in sites:
+        if s["finding"]:
+            report = json.loads((newest / s["finding"] / "finding.json").read_text())
+            assert report["replay"] in text and report["signature"] in text
+    assert text.count("2 occurrence(s)") >= 1
+    db = BugDatabase(output)
+    mine = [b for b in db.bugs() if b["best"]["run"] == newest.name]
+    assert text.count("this is the smallest reproducer") == len(mine)
+    # a run folder directly, and every run with --all
+    assert write_reports(outcomes[0].run_dir) == [outcomes[0].run_dir / "report" / "index.html"]
+    res = CliRunner().invoke(app, ["report", str(output), "--all"])
+    assert res.exit_code == 0, res.output
+    index = (output / "report" / "index.html").read_text()
+    assert all(f"../{o.run_dir.name}/report/index.html" in index for o in outcomes)
+
+
+def test_report_of_a_folder_without_runs_is_a_usage_error(tmp_path: Path):
+    res = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert res.exit_code == 2 and "no campaign run" in res.output
