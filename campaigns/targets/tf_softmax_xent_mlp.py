@@ -11,9 +11,9 @@ and the smallest logit of a sample exceeds ~87.3 the smallest probability is exa
 float32, ``log`` returns ``-inf`` and ``0 * -inf`` makes the loss NaN (for any label).
 
 Why reachable within the bounds: with ``x`` in ``[0, 1]^64`` the trained network reaches
-logit gaps well above 100 at some corners of the pixel box (bright pixels where a digit
-never has ink), while real digits give gaps below ~60 and uniformly random pixels below
-~50: sampled and random batches do not trigger it, gradient search does.
+logit gaps of ~160 at some corners of the pixel box (bright pixels where a digit never
+has ink), while real digits give gaps below ~65 and uniformly random pixels below ~65:
+sampled and random batches do not trigger it, gradient search does.
 """
 from __future__ import annotations
 

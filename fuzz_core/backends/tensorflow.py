@@ -350,9 +350,10 @@ class EagerRunner:
             value = np.array([(seed * 1_000_003 + 7919 * (i + 1)) % (2**31 - 1), 0])
             var.assign(value.astype(np_dtype(var.dtype)))
 
-    def _forward(self, batch: dict, seed: int, locate_all: bool):
+    def _forward(self, batch: dict, seed: int, locate_all: bool, track_constants: bool = False):
         self._seed(seed)
         recorder = EagerRecorder(self.catalogue, locate_all=locate_all)
+        recorder.track_constants = track_constants
         eager_before = tf.config.functions_run_eagerly()
         tf.config.run_functions_eagerly(True)
         tape_gradient = tf.GradientTape.gradient
@@ -370,14 +371,18 @@ class EagerRunner:
     def discover(self, batch: dict[str, np.ndarray], seed: int) -> list[OpSite]:
         with self._scope():
             tensors, _ = self._tensors(batch, grad=False)
-            recorder, _ = self._forward(tensors, seed, locate_all=False)
+            with tf.GradientTape() as tape:      # tells constant scalars (x / 2.0, x ** 2) from values
+                for t in tensors.values():
+                    if t.dtype.is_floating:
+                        tape.watch(t)
+                recorder, _ = self._forward(tensors, seed, locate_all=False, track_constants=True)
         sites, seen = [], set()
         for call in recorder.calls:
             key = (call.spec.name, call.location, call.occurrence)
             if key in seen:
                 continue
-            if call.spec.searched and call.spec.margins(call.inputs, XP) is None:
-                continue          # no hazard in this call (x ** 2)
+            if call.spec.searched and call.spec.margins(call.scalar_inputs(), XP) is None:
+                continue          # no hazard in this call (x ** 2, x / 2.0)
             seen.add(key)
             sites.append(make_site(self.name, call.spec.name, call.kind, call.spec.hazard, call.location,
                                    call.occurrence, call.spec.searched))
@@ -663,6 +668,8 @@ class GraphRunner:
             for gop in walk(self.graph, [self.loss]):
                 op = gop.op
                 spec = self.catalogue.for_tf(op.type)
+                if spec is not None and not any(t.dtype.is_floating for t in op.outputs):
+                    spec = None            # integer arithmetic cannot go non-finite
                 if spec is None:
                     if gop.path or op.type in PASS_THROUGH:
                         continue

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context as tf_context
+from tensorflow.python.eager import record
 
 from fuzz_core.backends.base import OpRef
 from fuzz_core.catalogue import Catalogue, OpSpec
@@ -158,6 +159,16 @@ def _tiny_of(dtype_name: str) -> float:
         return float(ml_dtypes.finfo(np_dtype(dtype_name)).tiny)
 
 
+def kept_nextafter(value: float, toward: float, dtype: Any) -> float:
+    """``nextafter`` in the dtype, skipping the subnormals TF's kernels flush to zero (the
+    first float beyond a closed end that TF can hold: ``sqrt(0)`` keeps a margin > 0)."""
+    out = nextafter(value, toward, dtype)
+    tiny = tiny_of(dtype)
+    if out != 0.0 and abs(out) < tiny:
+        return math.copysign(tiny, out)
+    return out
+
+
 def tiny_of(dtype: Any) -> float:
     """The smallest positive value TF's CPU kernels keep (they flush subnormals to zero)."""
     return _tiny_of(tf.as_dtype(dtype).name)
@@ -188,11 +199,11 @@ class TFXP:
 
     @staticmethod
     def next_down(value: float, like: Any) -> float:
-        return nextafter(float(value), -math.inf, like.dtype)
+        return kept_nextafter(float(value), -math.inf, like.dtype)
 
     @staticmethod
     def next_up(value: float, like: Any) -> float:
-        return nextafter(float(value), math.inf, like.dtype)
+        return kept_nextafter(float(value), math.inf, like.dtype)
 
     @staticmethod
     def limit(name: str, like: Any) -> float:
@@ -273,6 +284,23 @@ class Call:
     in_ok: int = NOT_SEARCHED
     seen: Any = True   # graph sites in a branch: a bool tensor (the branch ran)
     outputs: list = field(default_factory=list)
+    constants: dict = field(default_factory=dict)   # input position -> Python number (a constant scalar)
+
+    def scalar_inputs(self) -> list:
+        """The inputs with constant scalars as Python numbers, as torch's Scalar overloads see them."""
+        return [self.constants.get(i, t) for i, t in enumerate(self.inputs)]
+
+
+def constant_scalars(inputs) -> dict:
+    """Scalar inputs that no watched value (batch input, trainable variable) reaches."""
+    out = {}
+    for i, t in enumerate(inputs):
+        if tf.is_tensor(t) and t.shape.num_elements() == 1 and not record.should_record_backprop([t]):
+            try:
+                out[i] = np.asarray(t.numpy()).reshape(()).item()
+            except Exception:  # noqa: BLE001
+                pass
+    return out
 
 
 class FlagBook:
@@ -326,6 +354,7 @@ class EagerRecorder(FlagBook):
         self.locate_all = locate_all
         self.counts: dict[tuple[str, str], int] = {}
         self.stateful_random = False
+        self.track_constants = False   # note which scalar inputs no watched value reaches (discover)
         self.paused = 0          # > 0 inside a GradientTape.gradient call of the program
         self._busy = False
 
@@ -344,6 +373,8 @@ class EagerRecorder(FlagBook):
             self.stateful_random = True
         spec = self.catalogue.for_tf(op_type)
         outputs = list(outputs) if outputs is not None else []
+        if spec is not None and not _floats(outputs):
+            spec = None            # integer arithmetic (seed counters, indices) cannot go non-finite
         if spec is None:
             if op_type in PASS_THROUGH:
                 return
@@ -367,7 +398,10 @@ class EagerRecorder(FlagBook):
         else:
             bad = eager_flag(outputs, nan_only=True)
             flag = self.push(bad, (op_type, location, index)) if bad is not None else -1
-        self.calls.append(Call(spec, op_type, location, occurrence, inputs, flag, in_ok))
+        call = Call(spec, op_type, location, occurrence, inputs, flag, in_ok)
+        if self.track_constants and spec.searched:
+            call.constants = constant_scalars(inputs)
+        self.calls.append(call)
 
     def resolve(self, extra: list = ()) -> list[bool]:
         """Every flag of the pass as Python bools (one device read for device-side flags)."""
