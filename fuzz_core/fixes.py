@@ -88,7 +88,7 @@ class Guard:
 @dataclass
 class Attempt:
     guard: Guard
-    status: str                  # verified | not sufficient
+    status: str                  # verified | not sufficient | error (the guarded program raised)
     steps: int
     sites: list[str]
     seconds: float
@@ -141,7 +141,8 @@ def suggest(op: str, location: str, probe: dict[str, Any]) -> list[Guard]:
                          hi=top - EXP_HEADROOM)]
     elif op == "pow":
         negative = probe.get("exponent") is not None and probe["exponent"] < 0
-        guards += [clamp("clamp_min", f"clamp the base to >= {'tiny' if negative else '0'}", lo=tiny if negative else 0.0),
+        floor = ("tiny", tiny) if negative else ("0", 0.0)     # 0 ** negative is inf
+        guards += [clamp("clamp_min", f"clamp the base to >= {floor[0]}", lo=floor[1]),
                    clamp("clamp_min", f"clamp the base to >= eps ({eps:.3g})", lo=eps)]
     elif op in ("acos", "asin"):
         guards += [clamp("clamp", "clamp the input into [-1, 1]", lo=-1.0, hi=1.0),
@@ -184,64 +185,9 @@ def _mode_class():
     global _MODE_CLASS
     if _MODE_CLASS is not None:
         return _MODE_CLASS
-    import torch
-    import torch.nn.functional as F
     from torch.overrides import TorchFunctionMode
 
     from fuzz_core.backends.torch_recorder import LOCATOR
-
-    def transform(g: Guard, x):
-        if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
-            return x
-        p = g.params
-        if g.name == "clamp_min":
-            return x.clamp_min(p["lo"])
-        if g.name == "clamp_max":
-            return x.clamp_max(p["hi"])
-        if g.name == "clamp":
-            return x.clamp(p["lo"], p["hi"])
-        if g.name == "abs_min":
-            return torch.where(x.abs() < p["eps"], torch.copysign(torch.full_like(x, p["eps"]), x), x)
-        return x
-
-    def stable_log(g: Guard, func, args, kwargs):
-        src = getattr(args[0], SRC_ATTR, None) if args else None
-        if src is None or func.__name__.endswith("_") or "out" in kwargs:
-            return func(*args, **kwargs)
-        if src[0] == "softmax":
-            y = torch.log_softmax(src[1], src[2], dtype=src[3])
-        else:
-            y = F.logsigmoid(src[1] if src[0] == "sigmoid" else -src[1])
-        return y if g.op == "log" else y / math.log(2 if g.op == "log2" else 10)
-
-    def apply(g: Guard, func, args, kwargs):
-        if g.name == "stable_log":
-            return stable_log(g, func, args, kwargs)
-        i = 1 if g.op in _DIVISOR_SECOND else 0
-        if len(args) <= i:
-            return func(*args, **kwargs)
-        name = func.__name__
-        inplace = i == 0 and (name.startswith("__i") or (name.endswith("_") and not name.endswith("__")))
-        new = list(args)
-        new[i] = transform(g, args[i])
-        if inplace and new[0] is not args[0]:
-            func(*new, **kwargs)                 # in place on the guarded copy
-            return args[0].copy_(new[0])
-        return func(*new, **kwargs)
-
-    def tag(name: str, args, kwargs, out) -> None:
-        if not isinstance(out, torch.Tensor) or not args:
-            return
-        if name == "softmax":
-            dim = args[1] if len(args) > 1 else kwargs.get("dim")
-            if isinstance(dim, int):
-                setattr(out, SRC_ATTR, ("softmax", args[0], dim, kwargs.get("dtype")))
-        elif name == "sigmoid":
-            setattr(out, SRC_ATTR, ("sigmoid", args[0]))
-        elif name == "__rsub__" and len(args) > 1 and isinstance(args[1], (int, float)) and args[1] == 1:
-            src = getattr(args[0], SRC_ATTR, None)
-            if src is not None and src[0] == "sigmoid":
-                setattr(out, SRC_ATTR, ("one_minus_sigmoid", src[1]))
 
     class GuardMode(TorchFunctionMode):
         """Applies guards at (op, path:line); tags softmax/sigmoid outputs with their inputs."""
@@ -260,19 +206,90 @@ def _mode_class():
             if op in self.ops:
                 location = LOCATOR.locate(1)
                 if self.probe == (op, location):
-                    self.calls.append(_describe_call(op, name, args, torch))
+                    self.calls.append(_describe_call(op, name, args))
                 g = self.guards.get((op, location))
                 if g is not None:
-                    return apply(g, func, args, kwargs)
+                    return _apply(g, func, args, kwargs)
             out = func(*args, **kwargs)
-            tag(name, args, kwargs, out)
+            _tag(name, args, kwargs, out)
             return out
 
     _MODE_CLASS = GuardMode
     return GuardMode
 
 
-def _describe_call(op: str, name: str, args, torch) -> dict[str, Any]:
+def _apply(g: Guard, func, args, kwargs):
+    """The op with its guard: a stable rewrite, or the guarded input changed (in place ops included)."""
+    if g.name == "stable_log":
+        return _stable_log(g, func, args, kwargs)
+    i = 1 if g.op in _DIVISOR_SECOND else 0
+    if len(args) <= i:
+        return func(*args, **kwargs)
+    name = func.__name__
+    inplace = i == 0 and (name.startswith("__i") or (name.endswith("_") and not name.endswith("__")))
+    new = list(args)
+    new[i] = _transform(g, args[i])
+    if inplace and new[0] is not args[0]:
+        func(*new, **kwargs)                 # in place on the guarded copy
+        return args[0].copy_(new[0])
+    return func(*new, **kwargs)
+
+
+def _transform(g: Guard, x):
+    import torch
+
+    if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+        return x
+    p = g.params
+    if g.name == "clamp_min":
+        return x.clamp_min(p["lo"])
+    if g.name == "clamp_max":
+        return x.clamp_max(p["hi"])
+    if g.name == "clamp":
+        return x.clamp(p["lo"], p["hi"])
+    if g.name == "abs_min":
+        return torch.where(x.abs() < p["eps"], torch.copysign(torch.full_like(x, p["eps"]), x), x)
+    return x
+
+
+def _stable_log(g: Guard, func, args, kwargs):
+    """log of softmax(z) -> log_softmax(z); of sigmoid(z) -> logsigmoid(z); of 1 - sigmoid(z) -> logsigmoid(-z)."""
+    import torch
+    import torch.nn.functional as F
+
+    src = getattr(args[0], SRC_ATTR, None) if args else None
+    if src is None or func.__name__.endswith("_") or "out" in kwargs:
+        return func(*args, **kwargs)
+    if src[0] == "softmax":
+        y = torch.log_softmax(src[1], src[2], dtype=src[3])
+    else:
+        y = F.logsigmoid(src[1] if src[0] == "sigmoid" else -src[1])
+    return y if g.op == "log" else y / math.log(2 if g.op == "log2" else 10)
+
+
+def _tag(name: str, args, kwargs, out) -> None:
+    """Leave on softmax / sigmoid / 1 - sigmoid outputs what they were computed from."""
+    if name not in ("softmax", "sigmoid", "__rsub__") or not args:
+        return
+    src = None
+    if name == "softmax":
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        src = ("softmax", args[0], dim, kwargs.get("dtype")) if isinstance(dim, int) else None
+    elif name == "sigmoid":
+        src = ("sigmoid", args[0])
+    elif len(args) > 1 and isinstance(args[1], (int, float)) and args[1] == 1:
+        before = getattr(args[0], SRC_ATTR, None)
+        src = ("one_minus_sigmoid", before[1]) if before is not None and before[0] == "sigmoid" else None
+    if src is not None:
+        try:
+            setattr(out, SRC_ATTR, src)
+        except (AttributeError, TypeError):   # a tensor subclass without a __dict__: no rewrite there
+            pass
+
+
+def _describe_call(op: str, name: str, args) -> dict[str, Any]:
+    import torch
+
     i = 1 if op in _DIVISOR_SECOND else 0
     x = args[i] if len(args) > i else None
     out: dict[str, Any] = {"function": name, "tensor": isinstance(x, torch.Tensor)}
@@ -282,7 +299,10 @@ def _describe_call(op: str, name: str, args, torch) -> dict[str, Any]:
         out["provenance"] = src[0] if src else None
     if op == "pow" and len(args) > 1:
         e = args[1]
-        out["exponent"] = float(e.min()) if isinstance(e, torch.Tensor) else float(e) if isinstance(e, (int, float)) else None
+        if isinstance(e, torch.Tensor):
+            out["exponent"] = float(e.min())
+        elif isinstance(e, (int, float)):
+            out["exponent"] = float(e)
     return out
 
 
@@ -340,39 +360,47 @@ class _Watching:
 def verify(runner, site: OpSite, loaded, guard: Guard, budget: int, strategy: str = "adaptive",
            seed: int = 0, search_weights: bool = False) -> Attempt:
     """Replay the reproducer under ``guard``, then search every suspect op of the guarded program."""
-    from fuzz_core.engine import confirm
-    from fuzz_core.search import SearchConfig, SiteSearch
-
     t0 = time.perf_counter()
+    progress: dict[str, Any] = {"steps": 0, "sites": []}
     install(runner, lambda: guard_mode([guard]))
     try:
-        step_seed = int(loaded.report.get("step_seed", 0))
-        check = confirm(runner, site, loaded.inputs, loaded.state, step_seed)
-        if check.event:
-            residual = _residual("the reproducer itself", check, 0, loaded.inputs, loaded.state)
-            return Attempt(guard, "not sufficient", 0, [], time.perf_counter() - t0, residual)
-        runner.reset()
-        batch = runner.sample(np.random.default_rng([seed, 0x5EED]))
-        sites = [s for s in runner.discover(batch, seed) if s.searched]
-        sites.sort(key=lambda s: (s.op, s.location) != (site.op, site.location))
-        config = SearchConfig(strategy, max(1, int(budget)), seed, search_weights)
-        steps, searched = 0, []
-        for s in sites:
-            search = SiteSearch(_Watching(runner), s, config)
-            result = search.run(config.max_steps)
-            steps += result.steps
-            searched.append(s.label)
-            cand = result.candidate
-            if cand is None:
-                continue
-            check = confirm(runner, s, cand.values, cand.state, cand.seed)
-            if check.event:
-                residual = _residual(s.label, check, cand.step, cand.values, cand.state)
-                return Attempt(guard, "not sufficient", steps, searched, time.perf_counter() - t0, residual)
-        return Attempt(guard, "verified", steps, searched, time.perf_counter() - t0)
+        status, residual = _verify(runner, site, loaded, budget, strategy, seed, search_weights, progress)
+    except Exception as exc:  # noqa: BLE001 - the guard broke the program: not a fix
+        status = "error"
+        residual = {"searched": progress["sites"][-1] if progress["sites"] else "the reproducer itself",
+                    "first_op": None, "step": progress["steps"],
+                    "explanation": f"the guarded program raised {type(exc).__name__}: {exc}"}
     finally:
         install(runner, None)
         runner.reset()
+    return Attempt(guard, status, progress["steps"], progress["sites"], time.perf_counter() - t0, residual)
+
+
+def _verify(runner, site: OpSite, loaded, budget: int, strategy: str, seed: int, search_weights: bool,
+            progress: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    from fuzz_core.engine import confirm
+    from fuzz_core.search import SearchConfig, SiteSearch
+
+    check = confirm(runner, site, loaded.inputs, loaded.state, int(loaded.report.get("step_seed", 0)))
+    if check.event:
+        return "not sufficient", _residual("the reproducer itself", check, 0, loaded.inputs, loaded.state)
+    runner.reset()
+    batch = runner.sample(np.random.default_rng([seed, 0x5EED]))
+    sites = [s for s in runner.discover(batch, seed) if s.searched]
+    sites.sort(key=lambda s: (s.op, s.location) != (site.op, site.location))    # the guarded op first
+    config = SearchConfig(strategy, max(1, int(budget)), seed, search_weights)
+    for s in sites:
+        progress["sites"].append(s.label)
+        search = SiteSearch(_Watching(runner), s, config)
+        result = search.run(config.max_steps)
+        progress["steps"] += result.steps
+        cand = result.candidate
+        if cand is None:
+            continue
+        check = confirm(runner, s, cand.values, cand.state, cand.seed)
+        if check.event:
+            return "not sufficient", _residual(s.label, check, cand.step, cand.values, cand.state)
+    return "verified", None
 
 
 def _residual(searched: str, check, step: int, values: dict, state: dict | None) -> dict[str, Any]:
@@ -383,7 +411,8 @@ def _residual(searched: str, check, step: int, values: dict, state: dict | None)
     where = f"{first['kind']} at {first['location']}" if first else "the program's output"
     why = f"non-finite value at {where}"
     if weights_bad:
-        why += " (the weights went non-finite in the program's training step: the gradient through the guard is not finite)"
+        why += (" (the weights went non-finite in the program's training step: the gradient through the guard"
+                " is not finite)")
     return {"searched": searched, "first_op": first, "step": step, "weights_nonfinite": weights_bad,
             "explanation": why, "_values": values, "_state": state}
 
@@ -434,9 +463,11 @@ def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET,
         message = (f"verified: none found in {good.steps} steps over {len(good.sites)} site(s) "
                    f"({budget} per site) with the guard: {good.guard.description}")
     else:
-        last = attempts[-1].residual or {}
-        message = (f"not sufficient: {len(attempts)} guard(s) tried; with {attempts[-1].guard.description}, "
-                   f"searching {last.get('searched')} still found a {last.get('explanation')}")
+        last = attempts[-1]
+        res = last.residual or {}
+        what = res.get("explanation") if last.status == "error" else (
+            f"a {res.get('explanation')} remains (found in {res.get('searched')}, step {res.get('step')})")
+        message = f"not sufficient: {len(attempts)} guard(s) tried; with {last.guard.description}: {what}"
     section = {**fix, "status": "verified" if good else "not sufficient", "message": message,
                "recommended": good.guard.to_dict() if good else None, "probe": calls[:8],
                "attempts": [_saved(folder, i, a) for i, a in enumerate(attempts)]}
@@ -457,7 +488,7 @@ def _merge(calls: list[dict[str, Any]]) -> dict[str, Any]:
 def _saved(folder: Path, i: int, attempt: Attempt) -> dict[str, Any]:
     d = attempt.to_dict()
     res = d.get("residual")
-    if res:
+    if res and "_values" in res:
         values, state = res.pop("_values"), res.pop("_state")
         arrays = {"input." + k: np.asarray(v) for k, v in values.items()}
         arrays.update({"state." + k: np.asarray(v) for k, v in (state or {}).items()})
