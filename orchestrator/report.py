@@ -186,8 +186,10 @@ def site_chart(fig, site: dict[str, Any], trace: SiteTrace | None, path: Path) -
                 ax.plot(trace.steps[idx], np.nan_to_num(losses[idx], nan=0.0), marker, ms=5 if name != "trigger" else 9,
                         ls="none", color="black" if name != "trigger" else "#c0392b", label=name)
         ax.set_yscale("symlog", linthresh=1e-3)
+        top = np.nanmax(losses) if np.isfinite(losses).any() else 1.0
+        ax.set_ylim(0.0, max(top * 2.0, 1e-2))             # 0 (the boundary) always in view
         if marked:
-            ax.legend(fontsize=6, loc="upper right", frameon=False)
+            ax.legend(fontsize=6, loc="lower left", frameon=False)
     else:
         ax.text(0.5, 0.5, "no trace (never searched)", ha="center", va="center", transform=ax.transAxes, fontsize=8)
     ax.set_title(_short(_site_name(site), 44) + f"  [{site.get('status')}]", fontsize=7)
