@@ -215,7 +215,8 @@ def finding_from(runner, spec: TargetSpec, site: OpSite, config: SearchConfig, c
         return None
     inputs, info = dict(cand.values), {}
     if minimise_batch:
-        inputs, info = minimise(runner, site, cand.values, cand.state, cand.seed)
+        inputs, info = minimise(runner, site, cand.values, cand.state, cand.seed,
+                                original=baseline_batch(runner, site, config.seed), bounds=cand.bounds)
         result = confirm(runner, site, inputs, cand.state, cand.seed)
     first = result.first_op.to_dict() if result.first_op else None
     return Finding(site=site, target=spec.to_dict(), inputs=inputs, state=cand.state, step=cand.step,

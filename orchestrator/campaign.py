@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from fuzz_core.engine import TargetSpec
+from fuzz_core.io import atomic_write_json
 from fuzz_core.search import SearchConfig
 from fuzz_core.status import SiteStatus
 from orchestrator.config import Campaign, ConfigError, cluster_mode
@@ -155,6 +156,7 @@ def run_campaign(campaign: Campaign, path: Path, options: RunOptions = RunOption
             end_status = "KILLED" if ctl.stopped_reason == "interrupted" else "FINISHED"
         finally:
             code = exit_code(ctl)
+            atomic_write_json(run_dir / "allocation.json", [a._asdict() for a in ctl.scheduler.allocation_log])
             if tracker is not None:
                 tracker.set_tags("campaign", {"exit_code": str(code), "findings": str(_findings(ctl))})
                 tracker.end("campaign", end_status)

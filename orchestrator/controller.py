@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fuzz_core.dedupe import record_finding
 from fuzz_core.engine import TargetSpec
 from fuzz_core.findings import write_finding
 from fuzz_core.io import atomic_save_arrays, atomic_write_json
@@ -172,6 +173,7 @@ class Controller:
     def _write_finding(self, rec: SiteRecord, finding) -> None:
         folder = self.run_dir / "findings" / finding.folder_name
         write_finding(finding, folder, display=folder)
+        record_finding(self.run_dir.parent, folder)      # one bug per signature: <output>/bugs/<signature>/
         rec.finding = folder.relative_to(self.run_dir).as_posix()
         if self.store is not None:
             self.store.write_finding(finding_row(finding, rec))
