@@ -39,7 +39,7 @@ from tensorflow.python.framework import op_callbacks
 from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions
 from fuzz_core.backends.tf_recorder import (
     ALWAYS_OK, CALL_TYPES, IF_TYPES, NOT_SEARCHED, PASS_THROUGH, WHILE_TYPES, XP, Call, EagerRecorder, FlagBook,
-    GraphOp, graph_flag, np_dtype, tiny_of, traceback_location, walk,
+    GraphOp, forward_ops, graph_flag, np_dtype, tiny_of, traceback_location, walk,
 )
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue, log_floor
 from fuzz_core.sites import OpSite, make_site
@@ -47,6 +47,7 @@ from fuzz_core.target import GraphTarget, Target, TargetError
 
 LOG_TAU = 0.5   # soft-minimum temperature of log-space losses (nats), as the torch backend
 _SEED_STATE = "seed_generator_state"
+_SOURCES = ("Placeholder", "PlaceholderWithDefault", "VarHandleOp", "VariableV2", "Variable")
 
 
 def _configure_threads() -> None:
@@ -201,6 +202,24 @@ def _device_name(device: str) -> str | None:
     return device
 
 
+def _tf_var(v):
+    """The tf.Variable behind a Keras 3 variable (what a GradientTape differentiates against)."""
+    if isinstance(v, tf.Variable):
+        return v
+    inner = getattr(v, "value", None)
+    return inner if isinstance(inner, tf.Variable) else v
+
+
+def _shaped(value, var) -> np.ndarray:
+    """A saved value in the variable's dtype and shape (files store scalars as 1-element arrays)."""
+    dtype = var.dtype.base_dtype if hasattr(var.dtype, "base_dtype") else var.dtype
+    arr = np.asarray(value).astype(np_dtype(dtype))
+    shape = tuple(var.shape)
+    if arr.shape != shape and None not in shape and arr.size == int(np.prod(shape, dtype=np.int64)):
+        arr = arr.reshape(shape)
+    return arr
+
+
 def _versions() -> dict[str, str]:
     out = {"tensorflow": tf.__version__}
     try:
@@ -307,7 +326,7 @@ class EagerRunner:
         for table in (self._model_vars, self._opt_vars):
             for key, var in table.items():
                 if key in state:
-                    var.assign(np.asarray(state[key]).astype(np_dtype(var.dtype)))
+                    var.assign(_shaped(state[key], var))
 
     def reset(self) -> None:
         """Back to the factory's initial state (weights, seed generators, optimizer)."""
@@ -338,7 +357,7 @@ class EagerRunner:
         for name, value in values.items():
             if name.startswith(WEIGHT_PREFIX):
                 var = self._params[name[len(WEIGHT_PREFIX):]]
-                var.assign(np.asarray(value).astype(np_dtype(var.dtype)))
+                var.assign(_shaped(value, var))
                 if grad:
                     leaves[name] = var
         return batch, leaves
@@ -420,9 +439,9 @@ class EagerRunner:
             tape = tf.GradientTape(persistent=True) if (grad or own_step) else None
             with tape if tape is not None else contextlib.nullcontext():
                 if tape is not None:
-                    for t in leaves.values():
-                        if tf.is_tensor(t):
-                            tape.watch(t)
+                    for name, t in leaves.items():
+                        if not name.startswith(WEIGHT_PREFIX):
+                            tape.watch(t)          # variables are watched as they are read
                 recorder, out = self._forward(batch, seed, locate_all=False)
                 loss = program_loss(out)
                 call = recorder.find(site.key)
@@ -460,7 +479,7 @@ class EagerRunner:
         if not leaves:
             return
         names = list(leaves)
-        targets = [leaves[n] for n in names]
+        targets = [_tf_var(leaves[n]) for n in names]
         grads = tape.gradient(hard, targets)
         if all(g is None for g in grads) and not self._depends_on_params(tape, hard, targets):
             return          # no path from any value that could carry a gradient (torch: not requires_grad)
@@ -469,7 +488,8 @@ class EagerRunner:
             ev.log_grads, _, _ = _collect(names, targets, tape.gradient(log_loss, targets))
 
     def _depends_on_params(self, tape, hard, targets: list) -> bool:
-        others = [v for v in self._trainable if not any(v is t for t in targets)]
+        others = [_tf_var(v) for v in self._trainable]
+        others = [v for v in others if not any(v is t for t in targets)]
         return bool(others) and any(g is not None for g in tape.gradient(hard, others))
 
     def _train(self, batch: dict, tape, mean_loss, ev: Evaluation) -> None:
@@ -480,7 +500,7 @@ class EagerRunner:
             target.train_step({k: tf.stop_gradient(v) for k, v in batch.items()})
             ev.passes += 1
         elif target.optimizer is not None and tape is not None and mean_loss is not None:
-            grads = tape.gradient(mean_loss, self._trainable)
+            grads = tape.gradient(mean_loss, [_tf_var(v) for v in self._trainable])
             pairs = [(g, v) for g, v in zip(grads, self._trainable) if g is not None]
             if not pairs:
                 return
@@ -594,7 +614,7 @@ class GraphRunner:
         if not items:
             return
         ops = self._assign_ops([(k, v) for k, v, _ in items])
-        feed = {self._assign[k][0]: np.asarray(val).astype(np_dtype(v.dtype.base_dtype)) for k, v, val in items}
+        feed = {self._assign[k][0]: _shaped(val, v) for k, v, val in items}
         self.session.run(ops, feed_dict=feed)
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
@@ -621,12 +641,13 @@ class GraphRunner:
         return {self.feeds[k]: v for k, v in values.items() if k in self.feeds}
 
     # -- instrumentation (built once, in the program's graph) ---------------------------
-    def _copy_of(self, gop: GraphOp):
-        """(inputs, outputs, seen) of an op inside branch graphs, from copies fed by the real inputs."""
+    def _copy_of(self, gop: GraphOp, anchor=None):
+        """(inputs, outputs, seen) of an op inside branch graphs, from copies fed by the real inputs
+        (those of ``anchor``, a copy of the outermost control-flow op, when given)."""
         seen = None
         copied = None      # the copy (in the outer graph) of the next op down the path
         for depth, (cf, role) in enumerate(gop.path):
-            real = cf if depth == 0 else copied
+            real = (anchor or cf) if depth == 0 else copied
             inputs = list(real.inputs)
             if cf.type in IF_TYPES:
                 pred = tf.cast(inputs[0], tf.bool)
@@ -702,7 +723,7 @@ class GraphRunner:
                     flag = -1 if bad is None else book.push(bad if seen is None else tf.logical_and(seen, bad),
                                                             (kind, location, index))
                 book.calls.append(Call(spec, kind, location, occurrence, [_static(t) for t in inputs], flag, in_ok,
-                                       True if seen is None else seen, outputs))
+                                       True if seen is None else seen, outputs, origin=gop))
             self._flags = tf.stack([tf.reshape(f, []) for f in book.flags]) if book.flags else tf.zeros([0], tf.bool)
             self._outputs_bad = graph_flag([self.loss], nan_only=False)
             if self._outputs_bad is None:
@@ -722,13 +743,68 @@ class GraphRunner:
         if key not in self._site_cache:
             fetches = None
             with self.graph.as_default(), tf.compat.v1.name_scope("cdeepfuzz/site/"):
-                margin = call.spec.margins(call.inputs, XP)
+                inputs, seen = self._differentiable_inputs(call)
+                margin = call.spec.margins(inputs, XP) if inputs is not None else None
                 if margin is not None:
-                    fetches = self._margin_fetches(call, tf.convert_to_tensor(margin))
+                    fetches = self._margin_fetches(call, tf.convert_to_tensor(margin), seen)
             self._site_cache[key] = fetches
         return self._site_cache[key]
 
-    def _margin_fetches(self, call: Call, m) -> dict:
+    def _differentiable_inputs(self, call: Call):
+        """The call's inputs, as tensors ``tf.gradients`` can go through.
+
+        A session cannot run a control-flow op (If, While) rewritten after it first ran it,
+        and differentiating through one rewrites it (to output its intermediates). When
+        the path from the feeds to a site crosses one, the site is measured on a fresh copy
+        of the forward graph (reading the same variables, fed by the same placeholders).
+        """
+        gop = call.origin
+        if gop is None:
+            return call.inputs, call.seen
+        anchor = gop.path[0][0] if gop.path else gop.op
+        if not self._crosses_control_flow(anchor):
+            return call.inputs, call.seen
+        prefix = self._new_view()
+        copy = self.graph.get_operation_by_name(f"{prefix}/{anchor.name}")
+        if not gop.path:
+            return [_static(t) for t in copy.inputs], True
+        copied = self._copy_of(gop, anchor=copy)
+        if copied is None:
+            return None, False
+        inputs, _, seen = copied
+        return [_static(t) for t in inputs], True if seen is None else seen
+
+    def _crosses_control_flow(self, op) -> bool:
+        seen, stack = set(), [t.op for t in op.inputs]
+        while stack:
+            o = stack.pop()
+            if o in seen:
+                continue
+            seen.add(o)
+            if o.type in IF_TYPES + WHILE_TYPES + CALL_TYPES + ("Case", "StatelessCase"):
+                return True
+            stack.extend(t.op for t in o.inputs)
+        return False
+
+    def _new_view(self) -> str:
+        """Import a copy of the forward graph (sources mapped to the program's own placeholders
+        and variables); returns its name prefix."""
+        from tensorflow.core.framework import graph_pb2
+
+        ops = _ancestors([self.loss.op])     # all of them: a While may read gradient accumulators
+        keep = {op.name for op in ops}
+        full = self.graph.as_graph_def()
+        sub = graph_pb2.GraphDef()
+        sub.versions.CopyFrom(full.versions)
+        sub.library.CopyFrom(full.library)
+        sub.node.extend(n for n in full.node if n.name in keep)
+        input_map = {t.name: t for op in ops if op.type in _SOURCES for t in op.outputs}
+        prefix = f"cdeepfuzz/view{self._copy_count}"
+        self._copy_count += 1
+        tf.graph_util.import_graph_def(sub, input_map=input_map, name=prefix + "/")
+        return prefix
+
+    def _margin_fetches(self, call: Call, m, seen) -> dict:
         if m.dtype in (tf.float16, tf.bfloat16):
             m = tf.cast(m, tf.float32)
         flat = tf.reshape(m, [-1])
@@ -737,7 +813,7 @@ class GraphRunner:
         log_loss = (-LOG_TAU * tf.reduce_logsumexp(-tf.math.log(tf.maximum(flat, tf.constant(tiny, m.dtype)))
                                                    / LOG_TAU) - log_floor(tiny))
         out = {"hard": tf.cast(hard, tf.float64), "log_loss": tf.cast(log_loss, tf.float64),
-               "seen": tf.convert_to_tensor(call.seen)}
+               "seen": tf.convert_to_tensor(seen)}
         if m.shape.rank is not None and m.shape.rank >= 1:
             out["rows"] = tf.cast(tf.reduce_min(tf.reshape(m, tf.stack([tf.shape(m)[0], -1])), axis=1), tf.float64)
         names, targets = self._leaf_targets()
@@ -830,6 +906,19 @@ class GraphRunner:
             if self.options.search_weights:
                 ev.weights = self.weights()
         return ev
+
+
+def _ancestors(ops: list) -> list:
+    seen: set = set()
+    stack = list(ops)
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return list(seen)
 
 
 def _fill(symbolic: list, values: list) -> list:

@@ -285,6 +285,7 @@ class Call:
     seen: Any = True   # graph sites in a branch: a bool tensor (the branch ran)
     outputs: list = field(default_factory=list)
     constants: dict = field(default_factory=dict)   # input position -> Python number (a constant scalar)
+    origin: Any = None   # graph programs: the GraphOp the call was found at
 
     def scalar_inputs(self) -> list:
         """The inputs with constant scalars as Python numbers, as torch's Scalar overloads see them."""
