@@ -148,6 +148,14 @@ def test_sites_are_stable_across_builds():
     assert [s.id for s in again] == [s.id for s in sites]
 
 
+def test_state_keys_do_not_depend_on_what_the_process_built_before():
+    """Keras numbers layer names per process; a replay or a Ray actor must restore by the same keys."""
+    first, spec, _ = built("tf_naive_softmax")
+    second = build_runner(spec, RunnerOptions())            # its layers are named dense_9, ... now
+    assert list(second.get_state()) == list(first.get_state())
+    assert list(second.weights()) == list(first.weights())
+
+
 # ---- bugs ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", BUGGY)

@@ -24,9 +24,11 @@ slots included). The semantics of every Runner method mirror the torch backend.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import random
+import re
 import sys
 import zlib
 from typing import Any
@@ -45,6 +47,7 @@ from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue, log_floor
 from fuzz_core.sites import OpSite, make_site
 from fuzz_core.target import GraphTarget, Target, TargetError
 
+log = logging.getLogger(__name__)
 LOG_TAU = 0.5   # soft-minimum temperature of log-space losses (nats), as the torch backend
 _SEED_STATE = "seed_generator_state"
 _SOURCES = ("Placeholder", "PlaceholderWithDefault", "VarHandleOp", "VariableV2", "Variable")
@@ -105,6 +108,20 @@ def _train_seed(program_loss: float) -> int:
 def _var_name(v: Any) -> str:
     name = getattr(v, "path", None) or getattr(v, "name", None) or "variable"
     return str(name).removesuffix(":0")
+
+
+def _stable(variables: list, prefix: str) -> dict[str, Any]:
+    """Keys that every process building the same factory agrees on (a Ray actor, a replay).
+
+    Keras numbers its auto-generated names per process (``dense_6`` when five Dense layers
+    were built before): keys are the variable's position, then its name without those
+    counters, e.g. ``model.003.sequential.dense.bias``.
+    """
+    out: dict[str, Any] = {}
+    for i, v in enumerate(variables):
+        name = re.sub(r"_\d+(?=$|[/_.:])", "", _var_name(v)).replace("/", ".")
+        out[f"{prefix}{i:03d}.{name}"] = v
+    return out
 
 
 def _named(variables: list, prefix: str = "") -> dict[str, Any]:
@@ -202,6 +219,13 @@ def _device_name(device: str) -> str | None:
     return device
 
 
+def _warn_unknown(state: dict, known, prefixes: tuple[str, ...]) -> None:
+    unknown = [k for k in state if k.startswith(prefixes) and k not in known]
+    if unknown:
+        log.warning("state holds %d variable(s) this target does not have (e.g. %s): left as they are",
+                    len(unknown), unknown[0])
+
+
 def _tf_var(v):
     """The tf.Variable behind a Keras 3 variable (what a GradientTape differentiates against)."""
     if isinstance(v, tf.Variable):
@@ -256,13 +280,13 @@ class EagerRunner:
         self.trains = target.trains
         self._warm_up(target)
         model_vars = self._model_variables(target.model)
-        self._model_vars = _named(model_vars, "model.")
+        self._model_vars = _stable(model_vars, "model.")
         self._trainable = [v for v in model_vars if getattr(v, "trainable", True) and _SEED_STATE not in _var_name(v)]
         self._params = {k[len("model."):]: v for k, v in self._model_vars.items()
                         if any(v is t for t in self._trainable)}
         self._seed_vars = [v for v in model_vars if _var_name(v).endswith(_SEED_STATE)]
         self._build_optimizer()
-        self._opt_vars = _named(self._optimizer_variables(), "optim.")
+        self._opt_vars = _stable(self._optimizer_variables(), "optim.")
         self._stateful_random = True     # until a pass shows that the program runs no stateful random op
         self._initial = self.get_state()
 
@@ -317,12 +341,13 @@ class EagerRunner:
     def get_state(self) -> dict[str, np.ndarray]:
         """Every variable of the model (seed generators included) and of the optimizer."""
         if len(self._optimizer_variables()) != len(self._opt_vars):   # an optimizer that built late
-            self._opt_vars = _named(self._optimizer_variables(), "optim.")
+            self._opt_vars = _stable(self._optimizer_variables(), "optim.")
         state = {k: np.array(v.numpy()) for k, v in self._model_vars.items()}
         state.update({k: np.array(v.numpy()) for k, v in self._opt_vars.items()})
         return state
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
+        _warn_unknown(state, self._model_vars.keys() | self._opt_vars.keys(), ("model.", "optim."))
         for table in (self._model_vars, self._opt_vars):
             for key, var in table.items():
                 if key in state:
@@ -618,6 +643,7 @@ class GraphRunner:
         self.session.run(ops, feed_dict=feed)
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
+        _warn_unknown(state, self._vars.keys(), ("graph.",))
         self._load([(k, v, state[k]) for k, v in self._vars.items() if k in state])
 
     def reset(self) -> None:
