@@ -15,8 +15,12 @@ by :func:`fuzz_core.backends.load_backend`.
   ops among the forward ancestors of ``loss`` (recursing into ``If``/``While`` branch
   graphs), gradients come from ``tf.gradients`` w.r.t. the fed placeholders, per-op
   non-finite flags are fetched in the same ``session.run``, and training runs the
-  program's own ``train_op``. Randomness of stateful graph random ops cannot be seeded per
-  step (it lives in the session): feed noise through a placeholder from ``sample``.
+  program's own ``train_op`` (a pass of its own: it counts as a step, like ``train_step``).
+  An op inside a branch graph is measured on a copy of its branch imported into the
+  outer graph and fed by the control-flow op's real inputs; a ``While`` body's ops are
+  measured at the first iteration only (later iterations still show up as non-finite
+  outputs of the ``While`` op). Stateful graph random ops cannot be seeded per step (their
+  state lives in the session): feed noise through a placeholder from ``sample``.
 
 Both snapshot and restore every variable (Keras 3 seed-generator states and optimizer
 slots included). The semantics of every Runner method mirror the torch backend.
@@ -41,10 +45,10 @@ from tensorflow.python.framework import op_callbacks
 from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions
 from fuzz_core.backends.tf_recorder import (
     ALWAYS_OK, CALL_TYPES, IF_TYPES, NOT_SEARCHED, PASS_THROUGH, WHILE_TYPES, XP, Call, EagerRecorder, FlagBook,
-    GraphOp, forward_ops, graph_flag, np_dtype, tiny_of, traceback_location, walk,
+    GraphOp, branch_graphs, graph_flag, np_dtype, tiny_of, traceback_location, walk,
 )
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue, log_floor
-from fuzz_core.sites import OpSite, make_site
+from fuzz_core.sites import OpSite, make_site, relative_path
 from fuzz_core.target import GraphTarget, Target, TargetError
 
 log = logging.getLogger(__name__)
@@ -288,6 +292,7 @@ class EagerRunner:
         self._build_optimizer()
         self._opt_vars = _stable(self._optimizer_variables(), "optim.")
         self._stateful_random = True     # until a pass shows that the program runs no stateful random op
+        self._probed = False
         self._initial = self.get_state()
 
     # -- variables ----------------------------------------------------------------------
@@ -409,7 +414,9 @@ class EagerRunner:
             op_callbacks.remove_op_callback(recorder)
             tf.GradientTape.gradient = tape_gradient
             tf.config.run_functions_eagerly(eager_before)
-        self._stateful_random = recorder.stateful_random
+        # sticky once seen: a kernel that ran once keeps its state in the cache until a flush
+        self._stateful_random = recorder.stateful_random or (self._stateful_random and self._probed)
+        self._probed = True
         return recorder, out
 
     def discover(self, batch: dict[str, np.ndarray], seed: int) -> list[OpSite]:
@@ -438,8 +445,6 @@ class EagerRunner:
             code = getattr(getattr(self.target.program, "python_function", None), "__code__", None)
         if code is None:
             return "<program>:0"
-        from fuzz_core.sites import relative_path
-
         return f"{relative_path(code.co_filename)}:{code.co_firstlineno}"
 
     def check(self, values: dict[str, np.ndarray], seed: int) -> CheckResult:
@@ -521,7 +526,7 @@ class EagerRunner:
         """The program's own training step on the searched batch (GRIST keeps training)."""
         target = self.target
         if target.train_step is not None:
-            seed_everything(_train_seed(ev.program_loss))
+            seed_everything(_train_seed(ev.program_loss), kernels=self._stateful_random)
             target.train_step({k: tf.stop_gradient(v) for k, v in batch.items()})
             ev.passes += 1
         elif target.optimizer is not None and tape is not None and mean_loss is not None:
@@ -624,7 +629,7 @@ class GraphRunner:
         return {k: np.array(v) for k, v in zip(keys, values)}
 
     def _assign_ops(self, items: list[tuple[str, Any]]):
-        ops, feed = [], {}
+        ops = []
         for key, var in items:
             hit = self._assign.get(key)
             if hit is None:
@@ -673,7 +678,7 @@ class GraphRunner:
         seen = None
         copied = None      # the copy (in the outer graph) of the next op down the path
         for depth, (cf, role) in enumerate(gop.path):
-            real = (anchor or cf) if depth == 0 else copied
+            real = (cf if anchor is None else anchor) if depth == 0 else copied
             inputs = list(real.inputs)
             if cf.type in IF_TYPES:
                 pred = tf.cast(inputs[0], tf.bool)
@@ -686,7 +691,7 @@ class GraphRunner:
                 level_seen = None
                 branch_inputs = inputs
             seen = level_seen if seen is None else (seen if level_seen is None else tf.logical_and(seen, level_seen))
-            fg = dict(_branches(cf))[role]
+            fg = dict(branch_graphs(cf))[role]
             if len(fg.inputs) != len(branch_inputs):
                 return None
             prefix = self._import(fg, branch_inputs)
@@ -962,16 +967,10 @@ def _static(t):
     return t
 
 
-def _branches(op) -> list:
-    from fuzz_core.backends.tf_recorder import branch_graphs
-
-    return branch_graphs(op)
-
-
 def make_runner(name: str, target: Any, options: RunnerOptions):
     if isinstance(target, GraphTarget):
         return GraphRunner(name, target, options)
     return EagerRunner(name, target, options)
 
 
-__all__ = ["EagerRunner", "GraphRunner", "XP", "make_runner", "seed_everything", "CALL_TYPES"]
+__all__ = ["EagerRunner", "GraphRunner", "XP", "make_runner", "seed_everything"]

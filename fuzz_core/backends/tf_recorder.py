@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
