@@ -308,7 +308,7 @@ class TorchRunner:
             self._score(ev, margin, call.spec.log_space, grad and not ev.triggered, leaves,
                         retain=train, batch_size=_batch_size(values))
         if train and not ev.event and loss is not None:
-            self._train(batch, loss, ev)
+            self._train(batch, loss, ev, seed)
         return ev
 
     def _score(self, ev: Evaluation, margin: torch.Tensor, log_space: bool, grad: bool, leaves: dict,
@@ -337,11 +337,11 @@ class TorchRunner:
         except RuntimeError:   # the program overwrote in place a tensor autograd saved
             ev.grads, ev.log_grads, ev.grad_norm, ev.connected = None, None, 0.0, False
 
-    def _train(self, batch: dict, loss: torch.Tensor, ev: Evaluation) -> None:
+    def _train(self, batch: dict, loss: torch.Tensor, ev: Evaluation, seed: int) -> None:
         """The program's own training step on the searched batch (GRIST keeps training)."""
         target = self.target
         if target.train_step is not None:
-            seed_everything(hash(("train", ev.program_loss)) % (2**31))
+            seed_everything(seed ^ 0x5EED5EED)     # the step's own seed: the same in every process
             target.train_step({k: v.detach() for k, v in batch.items()})
             ev.passes += 1
         elif target.optimizer is not None and loss.requires_grad:
