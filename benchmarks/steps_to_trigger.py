@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._results import table, write_section  # noqa: E402
-from benchmarks.subjects import BUGGY, GUARDED  # noqa: E402
+from benchmarks.subjects import BUGGY, BUGGY_TF, GUARDED, GUARDED_TF  # noqa: E402
 
 
 @dataclass
@@ -32,6 +32,8 @@ class Outcome:
     seconds: float
     found: bool
     site: str
+    all_steps: int = 0          # every step of every site of the subject
+    all_seconds: float = 0.0    # and their search time (throughput: steps per second)
 
 
 def run_subject(entry: str, strategy: str, max_steps: int, seed: int = 0) -> Outcome:
@@ -45,15 +47,18 @@ def run_subject(entry: str, strategy: str, max_steps: int, seed: int = 0) -> Out
     sites = [s for s in runner.discover(batch, seed) if s.searched]
     config = SearchConfig(strategy=strategy, max_steps=max_steps, seed=seed)
     best = Outcome(max_steps, 0.0, False, "")
+    all_steps, all_seconds = 0, 0.0
     for site in sites:
         t0 = time.perf_counter()
         search = SiteSearch(runner, site, config)
         result = search.run(max_steps)
+        all_steps, all_seconds = all_steps + result.steps, all_seconds + result.seconds
         found = result.candidate is not None and finding_from(
             runner, spec, site, config, result.candidate, result.seconds, minimise_batch=False) is not None
         seconds = time.perf_counter() - t0
         if found and (not best.found or result.steps < best.steps):
             best = Outcome(result.steps, seconds, True, f"{site.op}@{site.location}")
+    best.all_steps, best.all_seconds = all_steps, all_seconds
     return best
 
 
@@ -63,12 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategies", nargs="+", default=["adaptive", "grist", "random"])
     ap.add_argument("--only", nargs="*", help="subject names to run")
     ap.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    ap.add_argument("--framework", choices=["torch", "tensorflow"], default="torch")
     args = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
-    subjects = {k: v for k, v in BUGGY.items() if not args.only or k in args.only}
-    guarded = {k: v for k, v in GUARDED.items() if not args.only or k in args.only}
+    tf = args.framework == "tensorflow"
+    buggy_all, guarded_all = (BUGGY_TF, GUARDED_TF) if tf else (BUGGY, GUARDED)
+    subjects = {k: v for k, v in buggy_all.items() if not args.only or k in args.only}
+    guarded = {k: v for k, v in guarded_all.items() if not args.only or k in args.only}
     results: dict[tuple[str, str], Outcome] = {}
     for name, entry in {**subjects, **guarded}.items():
         for strategy in args.strategies:
@@ -76,20 +84,24 @@ def main(argv: list[str] | None = None) -> int:
             results[(name, strategy)] = out
             print(f"{name:28s} {strategy:9s} {'found' if out.found else 'missed':6s} steps={out.steps:5d} "
                   f"{out.seconds:7.2f}s {out.site}", flush=True)
-    body = report(subjects, guarded, args.strategies, results, args.max_steps)
+    body = report(subjects, guarded, args.strategies, results, args.max_steps, args.framework)
     print(body)
     if not args.no_write:
-        write_section("steps_to_trigger", body)
+        write_section("steps_to_trigger" + ("_tf" if tf else ""), body)
     return 0
 
 
-def report(subjects: dict, guarded: dict, strategies: list[str], results: dict, max_steps: int) -> str:
+def report(subjects: dict, guarded: dict, strategies: list[str], results: dict, max_steps: int,
+           framework: str = "torch") -> str:
     rows = []
-    for name in subjects:
-        row = [name]
+    for name in {**subjects, **guarded}:
+        row = [name + (" (guarded)" if name in guarded else "")]
         for s in strategies:
             o = results[(name, s)]
             row.append(f"{o.steps} ({o.seconds:.2f}s)" if o.found else f"missed ({max_steps})")
+        steps = sum(results[(name, s)].all_steps for s in strategies)
+        secs = sum(results[(name, s)].all_seconds for s in strategies)
+        row.append(f"{steps / secs:.0f}" if secs else "-")
         rows.append(row)
     summary = []
     for s in strategies:
@@ -98,9 +110,11 @@ def report(subjects: dict, guarded: dict, strategies: list[str], results: dict, 
         fp = sum(results[(n, s)].found for n in guarded)
         summary.append([s, f"{found}/{len(subjects)}", statistics.median(steps) if steps else "-",
                         max(steps) if steps else "-", sum(steps), f"{fp}/{len(guarded)}"])
-    text = [f"## Steps to trigger (issue 2)\n\nBudget {max_steps} steps per op site; a subject's figure is "
-            "its fastest site, confirmed by replay; a miss counts as the budget.\n",
-            table(["subject", *strategies], rows), "",
+    title = "Steps to trigger, TensorFlow (issue 4)" if framework == "tensorflow" else "Steps to trigger (issue 2)"
+    text = [f"## {title}\n\nBudget {max_steps} steps per op site; a subject's figure is "
+            "its fastest site, confirmed by replay; a miss counts as the budget. steps/s: every search step of "
+            "the subject (all sites, all strategies) over its search time, one thread.\n",
+            table(["subject", *strategies, "steps/s"], rows), "",
             table(["strategy", "found", "median steps", "max steps", "total steps", "guarded twins flagged"], summary)]
     if "adaptive" in strategies and "grist" in strategies:
         a = sum(results[(n, "adaptive")].steps for n in subjects)
