@@ -35,6 +35,9 @@ def run(
     output: Optional[str] = typer.Option(None, "--output", help="override the campaign's output folder"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output"),
     plain: bool = typer.Option(False, "--plain", help="plain progress lines even on a terminal"),
+    ok_on_findings: bool = typer.Option(False, "--ok-on-findings",
+                                        help="exit 0, not 1, when the campaign completed with findings "
+                                             "(for job schedulers that call any non-zero exit a failure)"),
 ) -> None:
     """Run a campaign: discover every suspect op site and search them."""
     from orchestrator.campaign import RunOptions, run_campaign
@@ -48,7 +51,7 @@ def run(
             live=False if plain else None, output=output, resume=str(resume) if resume else None))
     except ConfigError as exc:
         _fail(str(exc))
-    raise typer.Exit(outcome.exit_code)
+    raise typer.Exit(0 if ok_on_findings and outcome.exit_code == 1 else outcome.exit_code)
 
 
 @app.command()

@@ -22,6 +22,7 @@ from fuzz_core.search import SearchConfig
 from fuzz_core.sites import OpSite
 from fuzz_core.status import SiteStatus
 from orchestrator.executors import ActorDied, QuantumTimeout, Task
+from orchestrator.metrics import CampaignMetrics
 from orchestrator.scheduler import Action, SiteProgress, make_scheduler
 from orchestrator.summary import SiteRecord, TargetRecord
 from orchestrator.worker import QuantumOutcome
@@ -56,6 +57,7 @@ class Controller:
                                         quantum=campaign.scheduler.quantum)
         self.stopped_reason: str | None = None
         self.on_change = lambda: None
+        self.metrics = CampaignMetrics(campaign.name)     # live Ray metrics; a no-op without Ray
 
     # -- discovery ------------------------------------------------------------------------
     def add_targets(self, found: dict, previous: dict[str, SiteRecord] | None = None) -> None:
@@ -148,6 +150,7 @@ class Controller:
         rec.best_loss = min(rec.best_loss, result.best_loss)
         if result.trace:
             rec.last_loss = result.trace[-1].suspect_loss
+        self.metrics.quantum(rec.site, rec.last_loss, rec.best_loss, rec.steps, len(result.trace))
         if out.finding is not None:
             self._write_finding(rec, out.finding)
         self._write_trace(rec, result.trace)
@@ -185,6 +188,7 @@ class Controller:
                                                 "steps": str(finding.step),
                                                 "first_op": (finding.first_op or {}).get("kind", ""),
                                                 "finding.folder": str(folder)})
+        self.metrics.finding(rec.site)
         self.progress.message(f"FOUND {rec.site.label} ({rec.site.hazard}) at step {finding.step}: {folder}")
 
     def _write_trace(self, rec: SiteRecord, trace) -> None:

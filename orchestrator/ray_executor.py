@@ -14,6 +14,8 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fuzz_core.engine import TargetSpec
 from fuzz_core.sites import OpSite
@@ -21,6 +23,9 @@ from orchestrator.executors import ActorDied, QuantumTimeout, Task
 from orchestrator.worker import QuantumOutcome, TargetFailure, Worker, WorkerOptions
 
 log = logging.getLogger(__name__)
+
+# How long to wait for the GPU bundles of a campaign (an autoscaler may be adding nodes).
+PLACEMENT_TIMEOUT_S = float(os.environ.get("CDEEPFUZZ_PLACEMENT_TIMEOUT_S", "600"))
 
 
 @ray.remote
@@ -66,14 +71,23 @@ class RayExecutor:
     def __init__(self, options: WorkerOptions, num_actors: int, num_cpus: float, num_gpus: float,
                  max_restarts: int, quantum_timeout_s: float) -> None:
         env = {"CDEEPFUZZ_GPU_SHARE": str(num_gpus)} if num_gpus else {}
-        cls = SiteActor.options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
-                                max_task_retries=0, runtime_env={"env_vars": env} if env else None)
+        actor_options = dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
+                             max_task_retries=0, runtime_env={"env_vars": env} if env else None)
         cwd = os.getcwd() if not os.environ.get("RAY_ADDRESS") else None
-        self.actors = [cls.remote(options, cwd) for _ in range(num_actors)]
+        # Actors that share GPUs are packed: one bundle per actor, as few nodes (and so GPUs)
+        # as fit, e.g. four 0.25-GPU actors on one GPU instead of one on each of four nodes.
+        self.placement_group = _packed_group(num_actors, num_cpus, num_gpus) if num_gpus else None
+        self.actors = [SiteActor.options(**actor_options, scheduling_strategy=self._strategy(i)).remote(options, cwd)
+                       for i in range(num_actors)]
         self.slots = num_actors
         self.timeout = quantum_timeout_s
         self.busy: dict[int, tuple[Any, Task]] = {}      # actor index -> (ref, task)
         self.affinity: dict[str, int] = {}
+
+    def _strategy(self, index: int):
+        if self.placement_group is None:
+            return None
+        return PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=index)
 
     @property
     def running(self) -> int:
@@ -150,3 +164,21 @@ class RayExecutor:
             except Exception:  # noqa: BLE001
                 pass
         self.actors = []
+        if self.placement_group is not None:
+            try:
+                remove_placement_group(self.placement_group)
+            except Exception:  # noqa: BLE001
+                pass
+            self.placement_group = None
+
+
+def _packed_group(num_actors: int, num_cpus: float, num_gpus: float):
+    bundles = [{"CPU": float(num_cpus), "GPU": float(num_gpus)} for _ in range(num_actors)]
+    group = placement_group(bundles, strategy="PACK")
+    try:
+        ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+    except GetTimeoutError:
+        remove_placement_group(group)
+        raise RuntimeError(f"the cluster cannot place {num_actors} actors of {num_cpus:g} CPU and {num_gpus:g} GPU "
+                           f"within {PLACEMENT_TIMEOUT_S:g}s (see `ray status`; CDEEPFUZZ_PLACEMENT_TIMEOUT_S)") from None
+    return group

@@ -19,7 +19,8 @@ def ensure_ray(address: str | None, resources) -> float:
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS")
         if address:
-            ray.init(address=address, log_to_driver=False)
+            # configure_logging=False: no Ray log lines (with colour codes) in `ray job logs`
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
         else:
             need = max(1, math.ceil(resources.num_actors * resources.num_cpus))
             gpus = _local_gpus()
