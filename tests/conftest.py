@@ -28,6 +28,6 @@ def ray_session():
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
         ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+                 configure_logging=False, _node_ip_address="127.0.0.1")   # loopback only
     yield ray
     ray.shutdown()
