@@ -70,6 +70,26 @@ class RunnerOptions:
     input_range: float = 10.0      # unbounded inputs stay within +-input_range * max(1, max|sample|)
 
 
+def default_bounds(runner: "Runner", batch: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
+    """Bounds of every searched value: the target's, else the documented defaults.
+
+    An input without bounds stays within ``±input_range * max(1, max|x|)`` of its first
+    batch; a searched weight within ``±weight_range * max|w|`` of its initial values.
+    """
+    out = {}
+    for name in runner.searched:
+        if name in runner.target.bounds:
+            out[name] = runner.target.bounds[name]
+        else:
+            scale = runner.options.input_range * max(1.0, float(np.abs(batch[name]).max()))
+            out[name] = (-scale, scale)
+    if runner.options.search_weights:
+        for name, w in runner.weights().items():
+            scale = runner.options.weight_range * (float(np.abs(w).max()) or 1.0)
+            out[name] = (-scale, scale)
+    return out
+
+
 class Runner(Protocol):
     name: str
     framework: str

@@ -42,7 +42,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context as tf_context
 from tensorflow.python.framework import op_callbacks
 
-from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions
+from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, default_bounds
 from fuzz_core.backends.tf_recorder import (
     ALWAYS_OK, CALL_TYPES, IF_TYPES, NOT_SEARCHED, PASS_THROUGH, WHILE_TYPES, XP, Call, EagerRecorder, FlagBook,
     GraphOp, branch_graphs, graph_flag, np_dtype, tiny_of, traceback_location, walk,
@@ -195,21 +195,6 @@ def _collect(names: list[str], targets: list, grads: list) -> tuple[dict[str, np
         out[name] = arr
         total += float((arr * arr).sum())
     return out, math.sqrt(total), connected
-
-
-def _bounds(runner, batch: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
-    out = {}
-    for name in runner.searched:
-        if name in runner.target.bounds:
-            out[name] = runner.target.bounds[name]
-        else:
-            scale = runner.options.input_range * max(1.0, float(np.abs(batch[name]).max()))
-            out[name] = (-scale, scale)
-    if runner.options.search_weights:
-        for name, w in runner.weights().items():
-            scale = runner.options.weight_range * (float(np.abs(w).max()) or 1.0)
-            out[name] = (-scale, scale)
-    return out
 
 
 def _device_name(device: str) -> str | None:
@@ -370,7 +355,7 @@ class EagerRunner:
         return self.target.check_batch(self.target.sample(rng))
 
     def bounds(self, batch: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
-        return _bounds(self, batch)
+        return default_bounds(self, batch)
 
     def _scope(self):
         return tf.device(self._device) if self._device else contextlib.nullcontext()
@@ -662,7 +647,7 @@ class GraphRunner:
         return self.target.check_batch(self.target.sample(rng))
 
     def bounds(self, batch: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
-        return _bounds(self, batch)
+        return default_bounds(self, batch)
 
     def _feed(self, values: dict[str, np.ndarray]) -> dict:
         weights = [("graph." + _var_name(self._params[k[len(WEIGHT_PREFIX):]]), self._params[k[len(WEIGHT_PREFIX):]], v)

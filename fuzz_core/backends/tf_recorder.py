@@ -33,7 +33,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context as tf_context
 from tensorflow.python.eager import record
 
-from fuzz_core.backends.base import OpRef
+from fuzz_core.backends.flags import ALWAYS_OK, NOT_SEARCHED, FlagBook
 from fuzz_core.catalogue import Catalogue, OpSpec
 from fuzz_core.sites import CallerLocator, relative_path
 
@@ -70,8 +70,6 @@ IF_TYPES = ("If", "StatelessIf")
 WHILE_TYPES = ("While", "StatelessWhile")
 CALL_TYPES = ("PartitionedCall", "StatefulPartitionedCall")
 
-NOT_SEARCHED = -1   # Call.in_ok of a recorded-only (stable) op
-ALWAYS_OK = -3      # Call.in_ok of an op with no floating-point input
 
 
 # ---- numbers of a dtype ------------------------------------------------------------
@@ -301,48 +299,6 @@ def constant_scalars(inputs) -> dict:
             except Exception:  # noqa: BLE001
                 pass
     return out
-
-
-class FlagBook:
-    """Flags of one pass, in execution order, and the first-event rules (as the torch recorder)."""
-
-    def __init__(self) -> None:
-        self.calls: list[Call] = []
-        self.flags: list[Any] = []
-        self.flag_ops: list[tuple[str, str, int]] = []   # (kind, location, call index or -1); -2: an in_ok flag
-
-    def push(self, flag, op: tuple[str, str, int] | None = None) -> int:
-        self.flags.append(flag)
-        self.flag_ops.append(op if op is not None else ("", "", -2))
-        return len(self.flags) - 1
-
-    def find(self, key: tuple[str, str, int]) -> Call | None:
-        for call in self.calls:
-            if (call.spec.name, call.location, call.occurrence) == key:
-                return call
-        return None
-
-    def first_event(self, values: list[bool], outputs_bad: bool, program_location: str) -> OpRef | None:
-        """The first op whose output went non-finite by its own doing (DESIGN: what counts)."""
-        for i, bad in enumerate(values[: len(self.flags)]):
-            kind, location, index = self.flag_ops[i]
-            if not bad or index == -2:
-                continue
-            if index >= 0:
-                call = self.calls[index]
-                if call.in_ok >= 0 and not values[call.in_ok]:
-                    continue     # its inputs were already non-finite: not the origin
-                return OpRef(call.spec.name, call.kind, call.location, call.occurrence)
-            return OpRef(kind, kind, location or "<not located: replay names it>", 0)
-        if outputs_bad:
-            return OpRef("output", "output", program_location, 0, nan=False)
-        return None
-
-    def triggered(self, values: list[bool], call: Call) -> bool:
-        if call.in_ok == NOT_SEARCHED or call.flag < 0:
-            return False
-        inputs_ok = call.in_ok == ALWAYS_OK or bool(values[call.in_ok])
-        return bool(values[call.flag]) and inputs_ok
 
 
 class EagerRecorder(FlagBook):

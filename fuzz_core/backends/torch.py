@@ -4,7 +4,6 @@ The only module of fuzz_core (with torch_recorder) that imports torch.
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import random
@@ -15,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_leaves
 
-from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions
+from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, default_bounds
 from fuzz_core.backends.torch_recorder import LOCATOR, Recorder, RecordingMode
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue, log_floor
 from fuzz_core.sites import OpSite, make_site
@@ -221,18 +220,7 @@ class TorchRunner:
         return self.target.check_batch(self.target.sample(rng))
 
     def bounds(self, batch: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
-        out = {}
-        for name in self.searched:
-            if name in self.target.bounds:
-                out[name] = self.target.bounds[name]
-            else:
-                scale = self.options.input_range * max(1.0, float(np.abs(batch[name]).max()))
-                out[name] = (-scale, scale)
-        if self.options.search_weights:
-            for name, w in self.weights().items():
-                scale = self.options.weight_range * (float(np.abs(w).max()) or 1.0)
-                out[name] = (-scale, scale)
-        return out
+        return default_bounds(self, batch)
 
     def _tensors(self, values: dict[str, np.ndarray], grad: bool) -> tuple[dict, dict]:
         batch, leaves = {}, {}

@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from fuzz_core.backends.base import OpRef
+from fuzz_core.backends.flags import ALWAYS_OK, NOT_SEARCHED, FlagBook
 from fuzz_core.catalogue import Catalogue, OpSpec
 from fuzz_core.sites import CallerLocator
 
@@ -41,8 +41,6 @@ _PASS_THROUGH = {"detach", "alias", "clone", "copy_", "_to_copy", "lift_fresh", 
                  "empty_strided", "new_empty", "new_empty_strided"}
 
 
-NOT_SEARCHED = -1   # Call.in_ok of a recorded-only (stable) op
-ALWAYS_OK = -3      # Call.in_ok of an op with no floating-point input
 
 
 @dataclass
@@ -97,7 +95,7 @@ def inplace_names(catalogue: Catalogue) -> frozenset[str]:
 
 
 @dataclass
-class Recorder:
+class Recorder(FlagBook):
     catalogue: Catalogue
     locate_all: bool = False           # name every op (diagnosis and replay), not only catalogued ones
     calls: list[Call] = field(default_factory=list)
@@ -150,11 +148,11 @@ class Recorder:
         if spec.searched:
             inputs, watch = self._snapshot(inputs, written)
             ok = _all_finite(inputs)
-            in_ok = self._push(ok) if ok is not None else ALWAYS_OK
+            in_ok = self.push(ok) if ok is not None else ALWAYS_OK
         out = func(*args, **kwargs)
         index = len(self.calls)
         if spec.searched:
-            flag = self._push(_any_nonfinite(out), (info.kind, location, index))
+            flag = self.push(_any_nonfinite(out), (info.kind, location, index))
         else:
             flag = self._flag_nan(out, info.kind, location, index)
         self.calls.append(Call(spec, info.kind, location, occurrence, inputs, flag, in_ok))
@@ -213,11 +211,6 @@ class Recorder:
             if isinstance(a, torch.Tensor) and a.is_floating_point() and (a is target or (ptr and _storage(a) == ptr)):
                 self._pending[id(a)] = a.clone()
 
-    def _push(self, flag: torch.Tensor, op: tuple[str, str, int] | None = None) -> int:
-        self.flags.append(flag)
-        self.flag_ops.append(op if op is not None else ("", "", -2))
-        return len(self.flags) - 1
-
     def _flag_nan(self, out, kind: str, location: str, index: int) -> int:
         tensors = [t for t in tree_leaves(out)
                    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
@@ -226,7 +219,7 @@ class Recorder:
         flag = _has_nan(tensors[0])
         for t in tensors[1:]:
             flag = flag | _has_nan(t)
-        return self._push(flag, (kind, location, index))
+        return self.push(flag, (kind, location, index))
 
     def resolve(self, extra: list[torch.Tensor] = ()) -> list[bool]:
         """One device sync for every flag of the pass (plus ``extra`` flags at the end)."""
@@ -234,34 +227,6 @@ class Recorder:
         if not flags:
             return []
         return torch.stack([f.reshape(()).to(torch.bool) for f in flags]).cpu().tolist()
-
-    def find(self, key: tuple[str, str, int]) -> Call | None:
-        for call in self.calls:
-            if (call.spec.name, call.location, call.occurrence) == key:
-                return call
-        return None
-
-    def first_event(self, values: list[bool], outputs_bad: bool, program_location: str) -> OpRef | None:
-        """The first op whose output went non-finite by its own doing (DESIGN: what counts)."""
-        for i, bad in enumerate(values[: len(self.flags)]):
-            kind, location, index = self.flag_ops[i]
-            if not bad or index == -2:
-                continue
-            if index >= 0:
-                call = self.calls[index]
-                if call.in_ok >= 0 and not values[call.in_ok]:
-                    continue     # its inputs were already non-finite: not the origin
-                return OpRef(call.spec.name, call.kind, call.location, call.occurrence)
-            return OpRef(kind, kind, location or "<not located: replay names it>", 0)
-        if outputs_bad:
-            return OpRef("output", "output", program_location, 0, nan=False)
-        return None
-
-    def triggered(self, values: list[bool], call: Call) -> bool:
-        if call.in_ok == NOT_SEARCHED or call.flag < 0:
-            return False
-        inputs_ok = call.in_ok == ALWAYS_OK or bool(values[call.in_ok])
-        return bool(values[call.flag]) and inputs_ok
 
 
 class InplaceFunctionMode(TorchFunctionMode):

@@ -5,7 +5,6 @@ searched inputs with values drawn uniformly within their bounds.
 """
 from __future__ import annotations
 
-import numpy as np
 
 from fuzz_core.backends.base import WEIGHT_PREFIX
 from fuzz_core.strategies.base import Strategy
