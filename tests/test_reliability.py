@@ -10,6 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fuzz_core.engine import TargetSpec
@@ -171,3 +172,114 @@ def test_factory_breaking_the_contract_is_exit_2_and_writes_nothing(tmp_path: Pa
         assert expected in proc.stderr and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "out").exists()
+
+
+HANGING = '''
+import time
+import numpy as np, torch
+from fuzz_core import Target
+
+CALLS = [0]
+
+def make_target(seed=0):
+    torch.manual_seed(seed)
+    net = torch.nn.Linear(4, 3)
+    def program(b):
+        CALLS[0] += 1
+        if CALLS[0] > 2:          # discovery and a step run; then the program hangs (a deadlock, a stuck read)
+            time.sleep(120)
+        return torch.log(torch.softmax(net(b["x"]), 1)).mean()
+    return Target(program=program, sample=lambda rng: {"x": rng.random((4, 4), dtype=np.float32)},
+                  model=net, bounds={"x": (0.0, 1.0)}, search=["x"])
+'''
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_hanging_quantum_is_killed_and_the_site_retired_as_timeout(tmp_path: Path, ray_session):
+    from orchestrator.campaign import RunOptions, run_campaign
+    from orchestrator.config import load_campaign
+
+    module = tmp_path / "hangs.py"
+    module.write_text(HANGING)
+    path = tmp_path / "c.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: hangs
+        targets:
+          - {{name: hangs, entry: '{module}:make_target'}}
+          - {{name: mlp, entry: campaigns/targets/softmax_xent_mlp.py:make_target}}
+        search: {{max_steps: 100}}
+        scheduler: {{quantum: 10}}
+        resources: {{num_actors: 2, max_restarts: 5}}
+        quantum_timeout_s: 4
+        device: cpu
+        tracking: {{enabled: false}}
+        output: {tmp_path / 'out'}
+        """))
+    t0 = time.monotonic()
+    outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False))
+    assert time.monotonic() - t0 < 100                     # nobody waited for the 120 s sleeps
+    summary = json.loads(outcome.summary.read_text())
+    sites = {s["target"]: s for s in summary["sites"]}
+    assert sites["hangs"]["status"] == "timeout", sites["hangs"]
+    assert "time limit" in sites["hangs"]["error"]
+    assert sites["mlp"]["status"] == "found"                # the campaign went on
+
+
+def test_replay_refuses_a_factory_outside_the_tree_unless_trusted(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from fuzz_core.engine import TargetSpec, build_runner, finding_from, search_site
+    from fuzz_core.findings import write_finding
+    from orchestrator.cli import app
+
+    module = tmp_path / "elsewhere.py"
+    module.write_text(HANGING.replace("if CALLS[0] > 2:", "if False:").replace("torch.softmax(net(b[\"x\"]), 1)",
+                                                                            "torch.softmax(net(b[\"x\"]) * 200, 1)"))
+    spec = TargetSpec("elsewhere", f"{module}:make_target")
+    runner = build_runner(spec)
+    site = next(s for s in runner.discover(runner.sample(np.random.default_rng(0)), 0) if s.op == "log")
+    config = SearchConfig("adaptive", 50)
+    result = search_site(runner, site, config)
+    folder = write_finding(finding_from(runner, spec, site, config, result.candidate, result.seconds),
+                           tmp_path / "finding")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    refused = CliRunner().invoke(app, ["replay", str(folder)])
+    assert refused.exit_code == 2 and "outside the current directory tree" in refused.output
+    trusted = CliRunner().invoke(app, ["replay", str(folder), "--trust"])
+    assert trusted.exit_code == 0, trusted.output
+    after = sorted(p.name for p in tmp_path.rglob("*") if "__pycache__" not in p.parts)
+    assert [p for p in after if p not in before] == []        # replay writes nothing
+
+
+def test_finding_folder_with_a_link_or_garbage_is_refused(tmp_path: Path):
+    from fuzz_core.findings import FindingError, load_finding
+
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "finding.json").write_text('{"site": {}, "target": {}}')
+    outside = tmp_path / "secret.safetensors"
+    outside.write_bytes(b"not a tensor file")
+    (folder / "values.safetensors").symlink_to(outside)
+    with pytest.raises(FindingError, match="symbolic link"):
+        load_finding(folder)
+    (folder / "values.safetensors").unlink()
+    (folder / "values.safetensors").write_bytes(b"\x80\x04garbage pickle-looking bytes")
+    with pytest.raises(FindingError, match="cannot read"):
+        load_finding(folder)
+
+
+def test_nothing_is_unpickled_anywhere():
+    """Reproducers and checkpoints are safetensors/JSON: no pickle, no torch.load without weights_only."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    offenders = []
+    for path in list((root / "fuzz_core").rglob("*.py")) + list((root / "orchestrator").rglob("*.py")):
+        text = path.read_text()
+        if re.search(r"\bimport pickle\b|\bpickle\.loads?\(|\bnp\.load\([^)]*allow_pickle=True", text):
+            offenders.append(path.name)
+        for call in re.findall(r"torch\.load\([^)]*\)", text):
+            if "weights_only=True" not in call:
+                offenders.append(f"{path.name}: {call}")
+    assert offenders == []

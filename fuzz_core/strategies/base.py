@@ -41,7 +41,8 @@ def importance(s: "SiteSearch", per_sample: np.ndarray | None) -> np.ndarray | N
     if not isinstance(ref, np.ndarray) or ref.shape != per_sample.shape:
         s.strategy_state["ref_per_sample"] = per_sample.copy()
         return None
-    moved = np.abs(np.nan_to_num(ref - per_sample, nan=0.0, posinf=0.0, neginf=0.0))
+    with np.errstate(invalid="ignore"):          # inf - inf: a sample whose op did not run
+        moved = np.abs(np.nan_to_num(ref - per_sample, nan=0.0, posinf=0.0, neginf=0.0))
     # a sample already near the boundary is important even when it stopped moving
     return moved + 1.0 / (1.0 + np.maximum(per_sample, 0.0))
 
