@@ -204,7 +204,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-steps", type=int, default=600)
     ap.add_argument("--quantum", type=int, default=20)
-    ap.add_argument("--scaling-steps", type=int, default=200)
+    ap.add_argument("--scaling-steps", type=int, default=300)
+    ap.add_argument("--scaling-quantum", type=int, default=50)
     ap.add_argument("--skip-scaling", action="store_true")
     ap.add_argument("--skip-scheduler", action="store_true")
     ap.add_argument("--no-write", action="store_true")
@@ -219,7 +220,7 @@ def main(argv=None) -> int:
         if not args.skip_scheduler:
             parts.append(scheduler_benefit(args.max_steps, args.quantum, Path(tmp)))
         if not args.skip_scaling:
-            parts.append(scaling(args.scaling_steps, args.quantum, Path(tmp)))
+            parts.append(scaling(args.scaling_steps, args.scaling_quantum, Path(tmp)))
     parts.append(recorder_overhead())
     body = "\n".join(parts)
     print(body)
