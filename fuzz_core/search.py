@@ -234,7 +234,7 @@ class SiteSearch:
         parked = getattr(self, "_parked", None)
         if parked:
             self.runner.set_state(parked)
-        self.cache = {}
+        # the cached evaluation stays valid: the runner is back in the state it was made in
 
     # -- checkpoints --------------------------------------------------------------------
     def checkpoint(self) -> tuple[dict[str, np.ndarray], dict]:
