@@ -60,17 +60,33 @@ class Adaptive(Strategy):
             self._accept(s, s.values, cur, "step")
             if s.unreachable:
                 return
-        for label, x_new in self._proposals(s, cur):
+        tried = st.get("tried", 0)         # proposals already rejected for this point (a quantum may end
+        for i, (label, x_new) in enumerate(self._proposals(s, cur)):   # in the middle of the list)
+            if i < tried:
+                continue
+            st["tried"] = i + 1
             ev = s.evaluate(x_new, event=label, seed_step=st.get("seed_step"))
             if ev.seen and ev.hard < cur.hard:
                 self._accept(s, x_new, ev, label)
                 return
+        st["tried"] = 0
         st["stall"] = st.get("stall", 0) + 1
         st["escape"] = ESCAPE_STEPS              # a local minimum: walk out of it, whatever the loss does
         if st["stall"] >= STALL_REFRESH:
             st["stall"] = 0
             refresh_samples(s, REFRESH_FRACTION, cur.per_sample)
             s.cache.pop("current", None)
+
+    def refresh(self, s, fraction: float) -> None:
+        """The scheduler saw a plateau. The first time, walk out of the local minimum (the
+        samples may be right: a ReLU region, a ridge); the next time, refresh samples."""
+        st = s.strategy_state
+        if not st.get("walked"):
+            st["walked"] = True
+            st["escape"] = max(st.get("escape", 0), ESCAPE_STEPS)
+            return
+        st["walked"] = False
+        refresh_samples(s, fraction, st.get("last_per_sample"))
 
     def _escape(self, s, cur: Evaluation) -> None:
         """Sign steps taken unconditionally, as GRIST does: they cross ReLU kinks and ridges
@@ -85,6 +101,7 @@ class Adaptive(Strategy):
         ev = s.evaluate(x_new, event="escape", seed_step=st.get("seed_step"))
         if ev.seen:
             s.values, s.cache["current"] = x_new, ev
+            st["tried"] = 0
 
     def _accept(self, s, values: dict, ev: Evaluation, label: str) -> None:
         cur = s.cache.get("current")
@@ -97,6 +114,7 @@ class Adaptive(Strategy):
         if label in ("log", "linear"):
             s.strategy_state["prefer"] = label
         s.strategy_state["stall"] = 0
+        s.strategy_state["tried"] = 0
 
     def _proposals(self, s, cur: Evaluation) -> Iterator[tuple[str, dict]]:
         spaces = self._spaces(s, cur)
