@@ -20,9 +20,9 @@ from benchmarks._results import table, write_section  # noqa: E402
 
 # test id -> (fault, how many injected)
 FAULTS = {
-    "tests/test_reliability.py::test_killed_actor_resumes_site_from_checkpoint[ray.kill]":
+    "tests/test_reliability.py::test_killed_actor_resumes_site_from_checkpoint_and_finds_it[ray.kill]":
         ("actor killed mid-quantum (ray.kill, restarted)", 1),
-    "tests/test_reliability.py::test_killed_actor_resumes_site_from_checkpoint[os.kill]":
+    "tests/test_reliability.py::test_killed_actor_resumes_site_from_checkpoint_and_finds_it[os.kill]":
         ("actor process SIGKILLed mid-quantum (as a segfault or the OOM killer)", 1),
     "tests/test_reliability.py::test_killed_driver_resumes_with_the_same_findings":
         ("driver SIGKILLed mid-campaign, then --resume", 1),

@@ -19,7 +19,6 @@ from fuzz_core.sites import OpSite
 from orchestrator.executors import ActorDied, Task
 from orchestrator.worker import QuantumOutcome, WorkerOptions
 
-SLOW_ENTRY = "campaigns/targets/log_one_minus_sigmoid.py:make_target"   # its log(sigmoid) site never triggers
 
 
 def _site(executor, spec: TargetSpec, op: str) -> OpSite:
@@ -46,27 +45,47 @@ def _run_to_end(executor, task: Task, deadline: float) -> list:
     raise AssertionError(f"site not final in time: {outcomes}")
 
 
+SLOW_SUBJECT = """
+import time
+import importlib.util
+_spec = importlib.util.spec_from_file_location("mlp_subject", {path!r})
+_mod = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_mod)
+
+def make_target(seed=0, **args):
+    target = _mod.make_target(seed=seed, **args)
+    program = target.program
+    def slow(batch):                 # the same program, 200 ms a pass: a step outlives the kill
+        time.sleep(0.2)
+        return program(batch)
+    target.program = slow
+    return target
+"""
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("how", ["ray.kill", "os.kill"])
-def test_killed_actor_resumes_site_from_checkpoint(ray_session, how):
+def test_killed_actor_resumes_site_from_checkpoint_and_finds_it(ray_session, tmp_path: Path, how):
     import ray
 
     from orchestrator.ray_executor import RayExecutor
 
+    module = tmp_path / "slow_mlp.py"
+    module.write_text(SLOW_SUBJECT.format(path=str(Path("campaigns/targets/softmax_xent_mlp.py").resolve())))
     executor = RayExecutor(WorkerOptions(device="cpu"), num_actors=1, num_cpus=1, num_gpus=0,
                            max_restarts=3, quantum_timeout_s=120)
     try:
-        spec = TargetSpec("mlp", SLOW_ENTRY, base_dir=os.getcwd())
+        spec = TargetSpec("mlp", f"{module}:make_target", base_dir=os.getcwd())
         site = _site(executor, spec, "log")
-        config = SearchConfig(strategy="grist", max_steps=2500, seed=0)
-        # one quantum to get a checkpoint, then kill the actor while the next one runs
-        executor.submit(Task(site, spec, config, steps=20))
+        config = SearchConfig(strategy="adaptive", max_steps=100, seed=0)
+        # a one-step quantum to get a checkpoint, then kill the actor during the next step
+        executor.submit(Task(site, spec, config, steps=1))
         (_, first), = _wait(executor)
         assert isinstance(first, QuantumOutcome) and first.checkpoint is not None
-        assert first.result.steps == 20
+        assert first.result.steps == 1 and first.finding is None
         pid = executor.actor_pid(0)
-        executor.submit(Task(site, spec, config, steps=2480, checkpoint=first.checkpoint))
-        time.sleep(0.5)
+        executor.submit(Task(site, spec, config, steps=99, checkpoint=first.checkpoint))
+        time.sleep(0.1)
         if how == "ray.kill":
             ray.kill(executor.actors[0], no_restart=False)
         else:
@@ -74,11 +93,11 @@ def test_killed_actor_resumes_site_from_checkpoint(ray_session, how):
         (_, died), = _wait(executor)
         assert isinstance(died, ActorDied), died
         # the restarted actor has lost the search: it resumes from the checkpoint, not from step 0
-        outcomes = _run_to_end(executor, Task(site, spec, config, steps=2480, checkpoint=first.checkpoint),
+        outcomes = _run_to_end(executor, Task(site, spec, config, steps=99, checkpoint=first.checkpoint),
                                time.monotonic() + 120)
         final = outcomes[-1]
-        assert final.result.status.value in ("found", "exhausted")
-        assert final.result.trace[0].step == 21          # continued from the checkpoint's step
+        assert final.result.trace[0].step == 2           # continued from the checkpoint's step
+        assert final.result.status.value == "found" and final.finding is not None
     finally:
         executor.shutdown()
 
