@@ -302,3 +302,36 @@ def test_nothing_is_unpickled_anywhere():
             if "weights_only=True" not in call:
                 offenders.append(f"{path.name}: {call}")
     assert offenders == []
+
+
+@pytest.mark.slow
+@pytest.mark.mlflow
+def test_ctrl_c_stops_cleanly_closes_runs_as_killed_and_keeps_findings(tmp_path: Path):
+    from mlflow.tracking import MlflowClient
+
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", "--plain",
+                             str(_campaign(tmp_path, "ctrlc", tmp_path / "out"))], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    run_dir = None
+    while time.monotonic() < deadline and run_dir is None:
+        dirs = list((tmp_path / "out").glob("ctrlc-*"))
+        if dirs and list(dirs[0].glob("findings/*/finding.json")):
+            run_dir = dirs[0]
+        time.sleep(0.1)
+    assert run_dir is not None and proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["run"]["state"] == "stopped" and summary["run"]["stopped"] == "interrupted"
+    found = [s for s in summary["sites"] if s["status"] == "found"]
+    assert found and all((run_dir / s["finding"] / "finding.json").is_file() for s in found)
+    assert {s["status"] for s in summary["sites"]} <= {"found", "exhausted", "stopped"}
+    client = MlflowClient(summary["run"]["tracking_uri"])
+    parent = client.get_run(summary["run"]["mlflow_run_id"])
+    assert parent.info.status == "KILLED"
+    children = client.search_runs([parent.info.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    statuses = {r.data.tags["status"]: r.info.status for r in children}
+    assert statuses.get("stopped") == "KILLED" and statuses.get("found") == "FINISHED"
