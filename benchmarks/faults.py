@@ -28,6 +28,8 @@ FAULTS = {
         ("driver SIGKILLed mid-campaign, then --resume", 1),
     "tests/test_reliability.py::test_hanging_quantum_is_killed_and_the_site_retired_as_timeout":
         ("user program hangs (quantum over its time limit, twice)", 2),
+    "tests/test_reliability.py::test_ctrl_c_stops_cleanly_closes_runs_as_killed_and_keeps_findings":
+        ("Ctrl-C (SIGINT) mid-campaign", 1),
     "tests/test_tracking_outage.py::test_tracking_outage_loses_no_metric_and_no_finding":
         ("MLflow server stopped and restarted mid-campaign", 1),
     "tests/test_reliability.py::test_factory_breaking_the_contract_is_exit_2_and_writes_nothing":
