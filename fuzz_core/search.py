@@ -120,6 +120,7 @@ class SiteSearch:
         self.values: dict[str, np.ndarray] = dict(runner.sample(self.rng))
         if config.search_weights:
             self.values.update(runner.weights())
+        self._dtypes = {k: v.dtype for k, v in self.values.items()}   # searched values keep their dtype
         self.bounds = runner.bounds(self.values)
         self.values = self.clip(self.values)
         self.original = {k: v.copy() for k, v in self.values.items()}
@@ -152,13 +153,9 @@ class SiteSearch:
         for k, v in values.items():
             if k in self.bounds:
                 lo, hi = self.bounds[k]
-                v = np.clip(np.nan_to_num(v, nan=lo, posinf=hi, neginf=lo), lo, hi).astype(self.original_dtype(k, v))
+                v = np.clip(np.nan_to_num(v, nan=lo, posinf=hi, neginf=lo), lo, hi).astype(self._dtypes.get(k, v.dtype))
             out[k] = v
         return out
-
-    def original_dtype(self, key: str, v: np.ndarray):
-        ref = getattr(self, "original", None)
-        return ref[key].dtype if ref and key in ref else v.dtype
 
     def fresh_batch(self) -> dict[str, np.ndarray]:
         return self.clip(self.runner.sample(self.rng))

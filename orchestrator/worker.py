@@ -43,7 +43,6 @@ class QuantumOutcome:
     checkpoint: tuple[dict[str, np.ndarray], dict] | None
     finding: Finding | None = None
     worker: str = ""
-    note: str = ""
 
 
 class TargetFailure(Exception):
@@ -135,12 +134,6 @@ class Worker:
             return QuantumOutcome(site.id, result, None, finding, self.name())
         search.park()
         return QuantumOutcome(site.id, result, search.checkpoint(), finding, self.name())
-
-    def forget(self, site_id: str) -> None:
-        self.searches.pop(site_id, None)
-
-    def pid(self) -> int:
-        return os.getpid()
 
 
 def _set_threads(n: int) -> None:
