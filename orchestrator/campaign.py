@@ -142,9 +142,9 @@ def run_campaign(campaign: Campaign, path: Path, options: RunOptions = RunOption
         end_status = "FAILED"
         try:
             if tracker is not None:
-                from orchestrator.config import flatten
+                from orchestrator.config import params
 
-                tracker.start_campaign("campaign", run_dir.name, flatten(campaign),
+                tracker.start_campaign("campaign", run_dir.name, params(campaign),
                                        {"campaign": campaign.name, "run.folder": run_dir.name},
                                        run_id=previous_run.get("mlflow_run_id"))
             ctl.add_targets(found, previous)

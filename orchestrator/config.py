@@ -162,22 +162,18 @@ def check_entry(path: Path, index: int, entry: str) -> None:
         raise ConfigError(f"{path}: {field}: {module} defines no {attr!r} (got {entry!r})")
 
 
-def flatten(config: Campaign) -> dict[str, str]:
-    """Dotted keys for MLflow params."""
-    out: dict[str, str] = {}
+def params(config: Campaign) -> dict[str, Any]:
+    """The campaign as MLflow params: nested mappings, list items keyed by index
+    (``targets.0.entry``), empty mappings left out. The tracker flattens them to dotted keys."""
 
-    def walk(prefix: str, value: Any) -> None:
+    def index(value: Any) -> Any:
         if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif isinstance(value, list):
-            for i, v in enumerate(value):
-                walk(f"{prefix}.{i}", v)
-        else:
-            out[prefix] = str(value)
+            return {k: index(v) for k, v in value.items() if v != {}}
+        if isinstance(value, list):
+            return {str(i): index(v) for i, v in enumerate(value)}
+        return value
 
-    walk("", config.model_dump())
-    return out
+    return index(config.model_dump())
 
 
 def cluster_mode() -> bool:
