@@ -18,6 +18,8 @@ from fuzz_core.sites import make_site
 from fuzz_core.status import SiteStatus
 
 TINY = float(np.nextafter(np.float32(0), np.float32(1)))
+VALLEY_CURVATURE = np.logspace(0, 3, 8)
+VALLEY_CENTRE = np.linspace(-0.5, 0.5, 8)
 
 
 class FakeRunner:
@@ -38,9 +40,13 @@ class FakeRunner:
         return {"x": (-self.hi, self.hi)}
 
     def discover(self, batch, seed):
-        return [make_site("fake", self.op, self.op, "test", "fake.py:1", 0)]
+        op = "sqrt" if self.op == "valley" else self.op       # sqrt(q(x) - 1e-6)
+        return [make_site("fake", op, op, "test", "fake.py:1", 0)]
 
     def _margins(self, x):
+        if self.op == "valley":                  # a narrow valley: q(x) < 1e-6, curvatures 1 .. 1e3
+            d = x.astype(np.float64) - VALLEY_CENTRE
+            return (VALLEY_CURVATURE * d * d).sum(axis=1) - 1e-6, 2 * VALLEY_CURVATURE * d, False
         z = x.astype(np.float64) @ self.w.astype(np.float64)
         if self.op == "log":                     # p = sigmoid(-z) in float32: underflows to 0
             with np.errstate(over="ignore"):
@@ -55,7 +61,7 @@ class FakeRunner:
         i = int(np.argmin(m))
         triggered = bool(m[i] <= 0)
         gx = np.zeros_like(x, dtype=np.float64)
-        gx[i] = dm_dz[i] * self.w
+        gx[i] = dm_dz[i] if self.op == "valley" else dm_dz[i] * self.w
         ev = Evaluation(seen=True, hard=float(m[i]), log_loss=math.inf, triggered=triggered, event=triggered,
                         first_op=OpRef(self.op, self.op, "fake.py:1") if triggered else None,
                         per_sample=m.copy(), grads={"x": gx}, grad_norm=float(np.linalg.norm(gx)),
@@ -107,6 +113,38 @@ def test_grist_needs_many_more_steps_than_adaptive():
     steps_g = rg.steps if rg.status is SiteStatus.FOUND else 2000
     assert ra.status is SiteStatus.FOUND
     assert steps_g >= 10 * ra.steps
+
+
+def test_adaptive_goes_down_a_narrow_valley_with_quasi_newton_steps(monkeypatch):
+    """A margin like ``1 - cos`` of two embeddings is an ill-conditioned valley: Polyak
+    steps along the gradient zig-zag across it; the L-BFGS proposal goes down it."""
+    from fuzz_core.strategies import adaptive
+
+    _, s = _search("valley", max_steps=300)
+    res = s.run(300)
+    assert res.status is SiteStatus.FOUND and res.steps <= 80, res.steps
+    assert any(p.event == "qn" for p in res.trace)
+
+    monkeypatch.setattr(adaptive, "quasi_newton_step", lambda *a: None)
+    _, plain = _search("valley", max_steps=300)
+    assert plain.run(300).status is not SiteStatus.FOUND     # without it the same budget is not enough
+
+
+def test_quasi_newton_step_solves_a_quadratic_from_its_curvature_pairs():
+    from fuzz_core.strategies.adaptive import quasi_newton_step, remember_curvature
+
+    runner, s = _search("valley")
+    ev0 = runner.evaluate(s.values, s.site)
+    st: dict = {}
+    x = s.values
+    for k in range(8):                        # curvature pairs along each axis of the active row
+        i = int(np.argmin(ev0.per_sample))
+        x1 = {"x": x["x"].copy()}
+        x1["x"][i, k] += 0.1
+        remember_curvature(st, s, x, ev0, x1, runner.evaluate(x1, s.site))
+    assert st["qn_s"].shape == (8, 32)        # the memory holds the last 8 pairs
+    step = quasi_newton_step(st, s, ev0)
+    assert runner.evaluate(step, s.site).hard < 1e-6 * ev0.hard   # the Newton step lands on the minimum
 
 
 def test_budget_is_never_exceeded_and_quanta_add_up():

@@ -12,7 +12,11 @@ Each iteration proposes, in order, until one lowers the hard-minimum margin:
 2. the same step in the other space, then shorter steps (backtracking);
 3. a sign step when the gradient vanishes; after an iteration without progress, a
    short walk of unconditional sign steps (GRIST's move) out of the local minimum;
-4. mutations to interesting values: the weakest sample set to 0, to a copy of
+4. a quasi-Newton step (L-BFGS from the curvature of the accepted steps) when plain
+   Polyak steps make slow progress: a margin such as ``1 - cos`` of two embeddings
+   is a narrow valley through a network, where gradient steps zig-zag and a
+   curvature-aware step goes down it (an ArcFace head: 25 steps instead of never);
+5. mutations to interesting values: the weakest sample set to 0, to a copy of
    another sample, to its own mean (equal features), to the bounds, to +-1.
    Floating point is discrete: a gradient step rarely lands *exactly* on a zero
    divisor or makes two vectors exactly parallel; these values do.
@@ -25,6 +29,7 @@ random numbers), drawn anew at each refresh.
 from __future__ import annotations
 
 import math
+import zlib
 from typing import Iterator
 
 import numpy as np
@@ -39,9 +44,14 @@ STALL_REFRESH = 3        # iterations without progress before a refresh
 ESCAPE_STEPS = 12        # unconditional sign steps after an iteration without progress
 ESCAPE_FRACTION = 0.025  # their size, as a fraction of each value's box
 REFRESH_FRACTION = 0.25
-MUTATIONS = ("zero", "copy", "flat", "low", "high", "one", "minus_one", "jitter")
+MUTATIONS = ("jitter", "zero", "copy", "flat", "low", "high", "one", "minus_one", "jitter", "jitter", "jitter")
 MULT_MIN, MULT_MAX = 0.1, 8.0   # bounds of the input-space step multiplier
 JITTER = 1e-6            # relative size of the rounding-lottery perturbation
+QN_MEMORY = 8            # curvature pairs kept by the quasi-Newton (L-BFGS) proposal
+QN_MAX_SIZE = 1 << 20    # searched elements above which it is not used (memory: 2 * QN_MEMORY copies)
+MAX_TIES = 4             # consecutive gradient steps accepted on an unchanged (quantised) margin
+NONMONOTONE = 3          # a tie is measured against the largest of this many accepted margins
+SLOW = 0.5               # an accepted step that kept more than this fraction of the margin was slow
 
 
 class Adaptive(Strategy):
@@ -61,21 +71,27 @@ class Adaptive(Strategy):
             if s.unreachable:
                 return
         tried = st.get("tried", 0)         # proposals already rejected for this point (a quantum may end
-        for i, (label, x_new) in enumerate(self._proposals(s, cur)):   # in the middle of the list)
+        mutated = False                    # in the middle of the list)
+        for i, (label, x_new) in enumerate(self._proposals(s, cur)):
+            mutated = mutated or label == "mutation"
             if i < tried:
                 continue
             st["tried"] = i + 1
             ev = s.evaluate(x_new, event=label, seed_step=st.get("seed_step"))
-            if ev.seen and ev.hard < cur.hard:
+            if ev.seen and (ev.hard < cur.hard or self._tie(st, label, ev, cur)):
                 self._accept(s, x_new, ev, label)
                 return
-        st["tried"] = 0
         st["stall"] = st.get("stall", 0) + 1
+        st["prefer"] = None
+        if not mutated:      # the same list grows by the mutations: go on where it stopped
+            return
+        st["tried"] = 0
         st["escape"] = ESCAPE_STEPS              # a local minimum: walk out of it, whatever the loss does
         if st["stall"] >= STALL_REFRESH:
             st["stall"] = 0
             refresh_samples(s, REFRESH_FRACTION, cur.per_sample)
             s.cache.pop("current", None)
+            forget_curvature(st)
 
     def refresh(self, s, fraction: float) -> None:
         """The scheduler saw a plateau. The first time, walk out of the local minimum (the
@@ -87,12 +103,27 @@ class Adaptive(Strategy):
             return
         st["walked"] = False
         refresh_samples(s, fraction, st.get("last_per_sample"))
+        forget_curvature(st)
+
+    @staticmethod
+    def _tie(st: dict, label: str, ev: Evaluation, cur: Evaluation) -> bool:
+        """A non-monotone acceptance of gradient steps (as in Grippo-Lampariello-Lucidi line
+        searches): at the float resolution of the op's input the margin is quantised and
+        noisy by an ulp while the gradient still points the way (two embeddings 1e-4 rad
+        apart compute a cosine of exactly 1.0, or one ulp below). A few steps no worse
+        than the recent accepted margins are taken; a strict improvement ends the run."""
+        recent = st.get("recent") or [cur.hard]
+        if label in ("qn", "linear", "log") and ev.hard <= max(recent) and st.get("ties", 0) < MAX_TIES:
+            st["ties"] = st.get("ties", 0) + 1
+            return True
+        return False
 
     def _escape(self, s, cur: Evaluation) -> None:
         """Sign steps taken unconditionally, as GRIST does: they cross ReLU kinks and ridges
         where the monotone Polyak iteration stalls."""
         st = s.strategy_state
         st["escape"] -= 1
+        forget_curvature(st)                  # curvature from before the walk describes another place
         if cur.grads is None or not cur.connected:
             st["escape"] = 0
             return
@@ -104,19 +135,34 @@ class Adaptive(Strategy):
             st["tried"] = 0
 
     def _accept(self, s, values: dict, ev: Evaluation, label: str) -> None:
+        st = s.strategy_state
         cur = s.cache.get("current")
         if cur is not None and label in ("linear", "crossing", "retry"):
-            s.strategy_state["mult"] = adapt_multiplier(s.strategy_state.get("mult", 1.0), label, cur.hard, ev.hard)
+            st["mult"] = adapt_multiplier(st.get("mult", 1.0), label, cur.hard, ev.hard)
+        if cur is not None and label != "mutation":
+            remember_curvature(st, s, s.values, cur, values, ev)
+        elif label == "mutation":
+            forget_curvature(st)
+        if cur is None or ev.hard < cur.hard:
+            st["ties"] = 0
+        st["recent"] = ([] if cur is None else list(st.get("recent", [])))[-(NONMONOTONE - 1):] + [float(ev.hard)]
+        if cur is not None and label != "qn":       # slow progress: the valley is narrow, try qn first
+            st["slow"] = bool(cur.hard > 0 and ev.hard / cur.hard > SLOW)
         s.values = values
         s.cache["current"] = ev
         if ev.per_sample is not None:
-            s.strategy_state["last_per_sample"] = ev.per_sample
-        if label in ("log", "linear"):
-            s.strategy_state["prefer"] = label
-        s.strategy_state["stall"] = 0
-        s.strategy_state["tried"] = 0
+            st["last_per_sample"] = ev.per_sample
+        if label in ("log", "linear", "qn"):
+            st["prefer"] = label
+        st["stall"] = 0
+        st["tried"] = 0
 
     def _proposals(self, s, cur: Evaluation) -> Iterator[tuple[str, dict]]:
+        st = s.strategy_state
+        qn = quasi_newton_step(st, s, cur)
+        qn_first = qn is not None and (st.get("slow") or st.get("prefer") == "qn")
+        if qn_first:
+            yield "qn", qn
         spaces = self._spaces(s, cur)
         full: dict[str, dict] = {}
         for space in spaces:
@@ -126,6 +172,8 @@ class Adaptive(Strategy):
                 yield space, x_new
             if space == "linear" and not s.spec.point and x_new is not None:
                 yield "crossing", self._polyak(s, cur, space, 1 + OVERSHOOT) or x_new
+        if qn is not None and not qn_first:
+            yield "qn", qn
         if full:                                   # backtrack along the first step's direction
             first = full[next(iter(full))]
             for t in BACKTRACK:
@@ -139,7 +187,7 @@ class Adaptive(Strategy):
     def _spaces(self, s, cur: Evaluation) -> list[str]:
         spaces = ["linear"]
         if s.spec.log_space and cur.log_grads is not None and math.isfinite(cur.log_loss):
-            first = s.strategy_state.get("prefer", "log")
+            first = s.strategy_state.get("prefer") or "log"
             spaces = ["log", "linear"] if first == "log" else ["linear", "log"]
         return spaces
 
@@ -157,13 +205,13 @@ class Adaptive(Strategy):
     def _mutations(self, s, cur: Evaluation) -> Iterator[tuple[str, dict]]:
         rows = self._weakest_rows(s, cur)
         inputs = [k for k in s.searched if not k.startswith(WEIGHT_PREFIX)]
-        for kind in MUTATIONS:
+        for salt, kind in enumerate(MUTATIONS):
             x_new = dict(s.values)
             changed = False
             for key in inputs:
                 value = np.array(s.values[key], copy=True)
                 lo, hi = s.bounds[key]
-                mutated = _mutate(kind, value, rows, lo, hi)
+                mutated = _mutate(kind, value, rows, lo, hi, salt)
                 if mutated is not None and not np.array_equal(mutated, value):
                     x_new[key] = mutated.astype(value.dtype)
                     changed = True
@@ -189,6 +237,73 @@ def adapt_multiplier(mult: float, label: str, before: float, after: float) -> fl
     return mult
 
 
+def _qn_keys(s, grads: dict | None) -> list[str] | None:
+    if grads is None:
+        return None
+    keys = sorted(k for k in grads if k in s.bounds and k in s.values)
+    size = sum(int(np.size(grads[k])) for k in keys)
+    return keys if keys and size <= QN_MAX_SIZE else None
+
+
+def _flat(d: dict, keys: list[str]) -> np.ndarray:
+    return np.concatenate([np.asarray(d[k], dtype=np.float64).ravel() for k in keys])
+
+
+def forget_curvature(st: dict) -> None:
+    st.pop("qn_s", None)
+    st.pop("qn_y", None)
+
+
+def remember_curvature(st: dict, s, x_old: dict, ev_old: Evaluation, x_new: dict, ev_new: Evaluation) -> None:
+    """Keep the pair (step, change of gradient) of an accepted step when its curvature is positive."""
+    keys = _qn_keys(s, ev_old.grads)
+    if keys is None or ev_new.grads is None or any(k not in ev_new.grads for k in keys):
+        return
+    step = _flat(x_new, keys) - _flat(x_old, keys)
+    change = _flat(ev_new.grads, keys) - _flat(ev_old.grads, keys)
+    curv = float(step @ change)
+    if not (curv > 1e-10 * float(np.linalg.norm(step) * np.linalg.norm(change))) or not math.isfinite(curv):
+        return
+    S, Y = st.get("qn_s"), st.get("qn_y")
+    if not isinstance(S, np.ndarray) or S.shape[1:] != step.shape:
+        S, Y = step[None, :0].reshape(0, step.size), change[None, :0].reshape(0, step.size)
+    st["qn_s"] = np.vstack([S, step[None]])[-QN_MEMORY:]
+    st["qn_y"] = np.vstack([Y, change[None]])[-QN_MEMORY:]
+
+
+def quasi_newton_step(st: dict, s, cur: Evaluation) -> dict | None:
+    """``x - H g`` (L-BFGS two-loop recursion on the free coordinates), clipped to the box."""
+    S, Y = st.get("qn_s"), st.get("qn_y")
+    keys = _qn_keys(s, cur.grads)
+    if not isinstance(S, np.ndarray) or len(S) == 0 or keys is None or not cur.connected:
+        return None
+    x, g = _flat(s.values, keys), _flat(cur.grads, keys)
+    if S.shape[1] != x.size:
+        forget_curvature(st)
+        return None
+    lo = np.concatenate([np.full(np.size(s.values[k]), s.bounds[k][0]) for k in keys])
+    hi = np.concatenate([np.full(np.size(s.values[k]), s.bounds[k][1]) for k in keys])
+    free = ~(((x <= lo) & (g > 0)) | ((x >= hi) & (g < 0)))   # pinned at a bound and pushed outward
+    q = g * free
+    alphas = []
+    for sv, yv in zip(S[::-1], Y[::-1]):
+        a = float(sv @ q) / float(yv @ sv)
+        alphas.append(a)
+        q = q - a * yv
+    q = q * (float(S[-1] @ Y[-1]) / float(Y[-1] @ Y[-1]))
+    for (sv, yv), a in zip(zip(S, Y), reversed(alphas)):
+        q = q + sv * (a - float(yv @ q) / float(yv @ sv))
+    if not (float(g @ (q * free)) > 0) or not np.all(np.isfinite(q)):   # not a descent direction
+        return None
+    new = np.clip(x - q * free, lo, hi)
+    out, at = dict(s.values), 0
+    for k in keys:
+        n = int(np.size(s.values[k]))
+        out[k] = new[at:at + n].reshape(np.shape(s.values[k])).astype(s.values[k].dtype)
+        at += n
+    return out
+
+
 def _between(x: dict, y: dict, t: float) -> dict:
     """``x + t (y - x)`` for the values that differ."""
     out = dict(x)
@@ -198,7 +313,7 @@ def _between(x: dict, y: dict, t: float) -> dict:
     return out
 
 
-def _mutate(kind: str, value: np.ndarray, rows: list[int], lo: float, hi: float) -> np.ndarray | None:
+def _mutate(kind: str, value: np.ndarray, rows: list[int], lo: float, hi: float, salt: int = 0) -> np.ndarray | None:
     out = value.copy()
     if kind == "zero":
         out[rows] = np.clip(0.0, lo, hi)
@@ -221,6 +336,7 @@ def _mutate(kind: str, value: np.ndarray, rows: list[int], lo: float, hi: float)
     elif kind == "minus_one":
         out[rows] = np.clip(-1.0, lo, hi)
     elif kind == "jitter":     # on a boundary that rounding decides (a cosine of parallel vectors)
-        noise = np.random.default_rng(abs(hash(value[rows].tobytes())) % 2**32).standard_normal(out[rows].shape)
+        # seeded by the values themselves (crc32, not hash(): that one changes per process)
+        noise = np.random.default_rng([zlib.crc32(value[rows].tobytes()), salt]).standard_normal(out[rows].shape)
         out[rows] = np.clip(value[rows] * (1 + JITTER * noise) + JITTER * noise, lo, hi)
     return out
