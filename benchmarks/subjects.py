@@ -23,9 +23,4 @@ def _entries(tf: bool) -> tuple[dict[str, str], dict[str, str]]:
 
 
 BUGGY, GUARDED = _entries(tf=False)
-
-# Buggy subjects the default strategy does not find within the campaign budget yet: an
-# ArcFace head whose cosine must land within ~1e-4 rad of a class centre before rounding
-# can push it above 1 (the adaptive search stalls near 1e-3 rad). Kept in every benchmark.
-HARD = {"arcface_acos"}
 BUGGY_TF, GUARDED_TF = _entries(tf=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.subjects import BUGGY, GUARDED, HARD
+from benchmarks.subjects import BUGGY, GUARDED
 from fuzz_core.engine import TargetSpec, build_runner, confirm, confirmed, finding_from
 from fuzz_core.search import SearchConfig, SiteSearch
 
@@ -21,11 +21,7 @@ def _sites(entry: str, seed: int = 0):
     return spec, runner, [s for s in runner.discover(batch, seed) if s.searched]
 
 
-KNOWN_MISSES = pytest.mark.xfail(strict=True, reason="a known miss of the adaptive strategy (benchmarks/subjects.py: HARD); "
-                                                 "strict: finding it fails this test, to move it out of HARD")
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=KNOWN_MISSES) if n in HARD else n for n in sorted(BUGGY)])
+@pytest.mark.parametrize("name", sorted(BUGGY))
 def test_buggy_subject_is_found_and_replays(name: str):
     spec, runner, sites = _sites(BUGGY[name])
     assert sites, f"{name}: no suspect op site discovered"
