@@ -107,3 +107,30 @@ def test_program_that_raises_is_an_error_with_traceback_and_the_run_goes_on(modu
     assert sites["ok"]["status"] == "found"
     assert sites["raises"]["status"] == "error"
     assert "refuses inputs above" in sites["raises"]["error"] and "Traceback" in sites["raises"]["error"]
+
+
+MUTATE = '''
+import numpy as np
+from fuzz_core.strategies.adaptive import MUTATIONS, _mutate
+x = np.linspace(0.1, 0.9, 32, dtype=np.float32).reshape(4, 8)
+print([_mutate(kind, x, [1], 0.0, 1.0, salt).tobytes().hex() for salt, kind in enumerate(MUTATIONS)])
+'''
+
+
+def test_mutations_are_the_same_in_another_process():
+    """A search must not depend on per-process state such as ``hash()`` of bytes
+    (randomised by PYTHONHASHSEED): a site resumed on another actor, or a campaign run
+    again, must take the same steps. The jitter mutation draws its noise from the values."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    outs = []
+    for hashseed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=hashseed, PYTHONPATH=str(root))
+        proc = subprocess.run([sys.executable, "-c", MUTATE], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outs.append(proc.stdout)
+    assert outs[0] == outs[1]
