@@ -1,0 +1,171 @@
+"""What both TensorFlow runners share: seeding, variable names and values, gradients, versions.
+
+:func:`seed_everything` seeds every generator a program may draw from (Python, NumPy,
+TensorFlow, Keras); the helpers name and deduplicate variables, reshape saved values for
+them, turn fetched gradients into NumPy arrays and score a margin tensor (its hard
+minimum and log-space soft minimum). Importing this module sizes TensorFlow's thread
+pools. Loaded only by the TensorFlow backend modules (:mod:`fuzz_core.backends.tensorflow`,
+:mod:`fuzz_core.backends.tf_graph`), never by the driver.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import sys
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context as tf_context
+
+from fuzz_core.backends.base import WEIGHT_PREFIX
+from fuzz_core.backends.tf_recorder import np_dtype, tiny_of
+from fuzz_core.catalogue import log_floor
+
+log = logging.getLogger(__name__)
+LOG_TAU = 0.5   # soft-minimum temperature of log-space losses (nats), as the torch backend
+
+
+def _configure_threads() -> None:
+    """One intra- and one inter-op thread (a shared 2-core machine); TF_NUM_*_THREADS win."""
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(int(os.environ.get("TF_NUM_INTRAOP_THREADS", 1)))
+        tf.config.threading.set_inter_op_parallelism_threads(int(os.environ.get("TF_NUM_INTEROP_THREADS", 1)))
+    except RuntimeError:
+        pass    # the context is initialised already (the factory ran ops): the env vars decided
+
+
+_configure_threads()
+
+
+def seed_everything(seed: int, kernels: bool = True) -> None:
+    """Seed every generator a program may draw from (its iterative external values).
+
+    ``tf.random.set_seed`` also empties the eager kernel cache (stateful random kernels
+    keep their state there), which costs every op of the next pass a kernel rebuild: with
+    ``kernels=False`` the global seed is set without that, for programs that run no
+    stateful random op (the recorder tells; Keras layers draw from stateless ops).
+    """
+    seed = int(seed) % (2**31)
+    random.seed(seed)
+    np.random.seed(seed)
+    if kernels:
+        tf.random.set_seed(seed)
+    else:
+        ctx = tf_context.context()
+        ctx._seed = seed                      # noqa: SLF001 - what set_seed does, less the cache flush
+        ctx._rng = random.Random(seed)        # noqa: SLF001
+    _seed_keras(seed)
+
+
+def _seed_keras(seed: int) -> None:
+    """keras.utils.set_random_seed less its tf.random.set_seed: the global Keras seed generator."""
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return
+    try:
+        from keras.src.backend.common import global_state
+        from keras.src.random import seed_generator
+        from keras.src.utils import rng_utils
+
+        global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, seed)
+        global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
+    except Exception:  # noqa: BLE001 - another Keras layout: its public function does it all
+        keras.utils.set_random_seed(seed)
+
+
+def _var_name(v: Any) -> str:
+    name = getattr(v, "path", None) or getattr(v, "name", None) or "variable"
+    return str(name).removesuffix(":0")
+
+
+def _unique(variables) -> list:
+    seen, out = set(), []
+    for v in variables:
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
+def _scalar(value) -> float:
+    if value is None:
+        return float("nan")
+    arr = np.asarray(value.numpy() if tf.is_tensor(value) else value, dtype=np.float64)
+    return float(arr.mean()) if arr.size else float("nan")
+
+
+def _batch_size(values: dict[str, np.ndarray]) -> int:
+    for name, v in values.items():
+        if not name.startswith(WEIGHT_PREFIX):
+            return int(np.shape(v)[0])
+    return 1
+
+
+def _to_numpy_grad(g) -> np.ndarray:
+    if isinstance(g, tf.IndexedSlices):
+        g = tf.convert_to_tensor(g)
+    arr = g.numpy() if tf.is_tensor(g) else np.asarray(g)
+    if hasattr(arr, "values") and hasattr(arr, "indices"):   # IndexedSlicesValue from a session
+        dense = np.zeros(arr.dense_shape, dtype=arr.values.dtype)
+        np.add.at(dense, arr.indices, arr.values)
+        arr = dense
+    return np.nan_to_num(np.asarray(arr, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _collect(names: list[str], targets: list, grads: list) -> tuple[dict[str, np.ndarray], float, bool]:
+    out, total, connected = {}, 0.0, False
+    for name, target, g in zip(names, targets, grads):
+        if g is None:
+            out[name] = np.zeros(tuple(target.shape), np.float64)
+            continue
+        connected = True
+        arr = _to_numpy_grad(g)
+        out[name] = arr
+        total += float((arr * arr).sum())
+    return out, math.sqrt(total), connected
+
+
+def _warn_unknown(state: dict, known, prefixes: tuple[str, ...]) -> None:
+    unknown = [k for k in state if k.startswith(prefixes) and k not in known]
+    if unknown:
+        log.warning("state holds %d variable(s) this target does not have (e.g. %s): left as they are",
+                    len(unknown), unknown[0])
+
+
+def _shaped(value, var) -> np.ndarray:
+    """A saved value in the variable's dtype and shape (files store scalars as 1-element arrays)."""
+    dtype = var.dtype.base_dtype if hasattr(var.dtype, "base_dtype") else var.dtype
+    arr = np.asarray(value).astype(np_dtype(dtype))
+    shape = tuple(var.shape)
+    if arr.shape != shape and None not in shape and arr.size == int(np.prod(shape, dtype=np.int64)):
+        arr = arr.reshape(shape)
+    return arr
+
+
+def _versions() -> dict[str, str]:
+    out = {"tensorflow": tf.__version__}
+    try:
+        import keras
+
+        out["keras"] = keras.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def _soft_min(m):
+    """``(m, hard, log_loss)`` of a margin tensor: its minimum and its log-space soft minimum.
+
+    Half-precision margins are cast to float32 first (the returned ``m`` is the cast one).
+    """
+    if m.dtype in (tf.float16, tf.bfloat16):
+        m = tf.cast(m, tf.float32)
+    flat = tf.reshape(m, [-1])
+    hard = tf.reduce_min(flat)
+    tiny = tiny_of(m.dtype)
+    log_loss = (-LOG_TAU * tf.reduce_logsumexp(-tf.math.log(tf.maximum(flat, tf.constant(tiny, m.dtype)))
+                                               / LOG_TAU) - log_floor(tiny))
+    return m, hard, log_loss
