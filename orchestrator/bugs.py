@@ -29,6 +29,6 @@ def find_tracking_uri(cli_uri: str | None, cwd: Path | None = None) -> str | Non
 
 
 def list_bugs(uri: str, campaign: str | None = None, state: str | None = None) -> list[dict]:
-    from orchestrator.tracking import query_findings
+    from orchestrator.tracking_queries import query_findings
 
     return query_findings(uri, campaign=campaign, state=state)

@@ -143,7 +143,7 @@ def bugs(campaign: Optional[str] = typer.Option(None, "--campaign", help="only t
 def sync(run_folder: Path = typer.Argument(..., help="a run folder whose tracking was spooled"),
          tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="default: the run's own")) -> None:
     """Send what a run spooled while MLflow was unreachable (exit 1 if some is still left)."""
-    from orchestrator.tracking import SPOOL_NAME, replay_spool
+    from orchestrator.tracking_sender import SPOOL_NAME, replay_spool
 
     summary = run_folder / "summary.json"
     uri = tracking_uri

@@ -1,4 +1,4 @@
-"""MLflow tracking from a background writer thread (the only module that imports mlflow).
+"""MLflow tracking from a background writer thread.
 
 ``Tracker`` methods only put an operation on a queue and return; a daemon thread drains it
 through ``mlflow.tracking.MlflowClient``, so a slow or unreachable server never stalls the
@@ -12,15 +12,10 @@ retried ``TRIES`` times with backoff; if it persists the writer goes *offline*: 
 operation and every later one are appended, in order, as JSON lines to
 ``<spool_dir>/tracking-spool.jsonl`` (artifacts by absolute path: the folder must still
 exist at replay). Every ``probe_interval_s`` the writer probes the server; once it answers,
-the spool is replayed and the writer goes back online. ``replay_spool`` sends a spool from
-another process (``cdeepfuzz sync``); unsent lines stay in the file. An operation MLflow
+the spool is replayed and the writer goes back online. ``tracking_sender.replay_spool`` sends a
+spool from another process (``cdeepfuzz sync``); unsent lines stay in the file. An operation MLflow
 rejects as invalid is logged and dropped. A run whose creation reached the server but whose
 answer was lost is created again on replay (MLflow has no idempotent create).
-
-For an ``http(s)`` URI the writer sets, unless already set, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=0``
-and ``MLFLOW_HTTP_REQUEST_TIMEOUT=10`` (MLflow's defaults retry for minutes; our retries
-replace them) and ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT=true`` (MLflow 3 writes "View
-run at" lines to stdout when a run ends). MLflow reads them at each request, process-wide.
 
 Values: params are flattened to dotted keys and truncated to 6000 characters (MLflow 3.17
 ``MAX_PARAM_VAL_LENGTH``), tags to 8000; characters MLflow rejects in keys become ``_``.
@@ -29,9 +24,10 @@ A NaN metric is sent as is (MLflow stores it with an ``is_nan`` flag, over REST 
 backend agrees; values that are not numbers are skipped. The spool writes NaN as the JSON
 extension ``NaN``, which Python's ``json`` reads back.
 
-SQLite: ``default_sqlite_uri`` gives ``sqlite:///<abs>/mlflow.db`` (MLflow 3 refuses a
-``./mlruns`` file store); experiments created here keep artifacts next to the database,
-in ``mlartifacts/<experiment>``, not in MLflow's default ``./mlruns`` of the cwd.
+Modules: the writer sends through :mod:`orchestrator.tracking_sender` (which also replays
+a spool, and sets MLflow's HTTP options and SQLite locations); findings are read back and
+triaged by :mod:`orchestrator.tracking_queries`. Those two are the only modules that
+import mlflow.
 """
 
 from __future__ import annotations
@@ -40,99 +36,44 @@ import functools
 import json
 import logging
 import math
-import os
 import queue
 import re
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from enum import Enum
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from mlflow.tracking import MlflowClient
+from orchestrator.tracking_sender import (
+    SPOOL_NAME,
+    SPOOL_VERSION,
+    TRIES,
+    Record,
+    _Outcome,
+    _replay_file,
+    _send,
+    _Sender,
+)
 
 __all__ = [
     "RunEnd",
-    "SpoolReplay",
     "Tracker",
-    "default_sqlite_uri",
     "flatten_params",
-    "query_findings",
-    "replay_spool",
-    "set_triage",
 ]
 
 log = logging.getLogger(__name__)
 
 RunEnd = Literal["FINISHED", "FAILED", "KILLED"]
 RUN_ENDS = ("FINISHED", "FAILED", "KILLED")
-SPOOL_NAME = "tracking-spool.jsonl"
-SPOOL_VERSION = 1
-TRIES = 3
-BACKOFF_S = 0.2  # doubled after every failed try
 PROBE_INTERVAL_S = 15.0
 CLOSE_GRACE_S = 1.0
 MAX_PARAM_VALUE = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH (3.17)
 MAX_TAG_VALUE = 8000  # MAX_TAG_VAL_LENGTH
 MAX_KEY = 250  # MAX_ENTITY_KEY_LENGTH
-MAX_METRICS_PER_BATCH = 1000
-MAX_PARAMS_TAGS_PER_BATCH = 100
-HTTP_ENV_DEFAULTS = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
-}
-PARENT_TAG = "mlflow.parentRunId"
-# MLflow error codes that no retry can cure; every other MlflowException is transient.
-_PERMANENT_CODES = frozenset(
-    "INVALID_PARAMETER_VALUE RESOURCE_DOES_NOT_EXIST RESOURCE_ALREADY_EXISTS INVALID_STATE"
-    " BAD_REQUEST MALFORMED_REQUEST ENDPOINT_NOT_FOUND NOT_IMPLEMENTED FEATURE_DISABLED".split()
-)
 _BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")  # what MLflow accepts in param/metric/tag keys
-_BAD_PATH_CHARS = re.compile(r"[^A-Za-z0-9._-]")
-# query_findings columns read from tags of a site run
-_FINDING_TAGS = {
-    "site_id": "site.id",
-    "target": "site.target",
-    "op": "site.op",
-    "hazard": "hazard",
-    "location": "site.location",
-    "status": "status",
-    "triage": "triage",
-    "signature": "signature",
-}
 _STOP = object()
-_T = TypeVar("_T")
-Record = dict[str, Any]  # one operation, as queued and as spooled
-
-
-class _Permanent(Exception):
-    """An operation that can never succeed (sending it again is pointless)."""
-
-
-class _Outcome(Enum):
-    SENT = "sent"
-    DROPPED = "dropped"  # rejected for good; logged
-    FAILED = "failed"  # transient failure after every try
-
-
-@dataclass(frozen=True)
-class SpoolReplay:
-    """What a spool replay did: operations sent, dropped as invalid, left in the file."""
-
-    sent: int
-    dropped: int
-    left: int
-
-
-def default_sqlite_uri(output_dir: Path | str) -> str:
-    """Absolute ``sqlite:///<abs path>/mlflow.db`` URI for a run output folder."""
-    return "sqlite:///" + (Path(output_dir).resolve() / "mlflow.db").as_posix()
 
 
 def _safe_key(key: object) -> str:
@@ -176,226 +117,6 @@ def _metric_rows(rows: Iterable[tuple[str, float, int]], ts: int) -> list[list[A
         out.append([_safe_key(name), number, int(step), ts])
     return out
 
-
-def _chunks(items: list[_T], size: int) -> Iterator[list[_T]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-def _sqlite_path(uri: str) -> Path | None:
-    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
-
-
-def _make_client(uri: str) -> MlflowClient:
-    """An ``MlflowClient`` with short HTTP retries; creates a SQLite file's folder."""
-    if uri.startswith(("http://", "https://")):
-        for name, value in HTTP_ENV_DEFAULTS.items():
-            os.environ.setdefault(name, value)
-    db = _sqlite_path(uri)
-    if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
-
-
-def _artifact_location(uri: str, experiment: str) -> str | None:
-    """For SQLite, ``<db folder>/mlartifacts/<experiment>``; else the server's default."""
-    db = _sqlite_path(uri)
-    if db is None:
-        return None
-    return (db.resolve().parent / "mlartifacts" / _BAD_PATH_CHARS.sub("_", experiment)).as_uri()
-
-
-def _is_transient(exc: BaseException) -> bool:
-    """Whether sending the same operation again later may succeed."""
-    if isinstance(exc, _Permanent):
-        return False
-    code = getattr(exc, "error_code", None)
-    if isinstance(code, str):  # MlflowException
-        return code not in _PERMANENT_CODES
-    return isinstance(exc, OSError)  # connection errors, timeouts (requests errors too)
-
-
-class _Sender:
-    """Applies operation records to one tracking URI (the writer thread, or a replay)."""
-
-    def __init__(self, uri: str) -> None:
-        self.uri = uri
-        self.run_ids: dict[tuple[str, str], str] = {}  # (session, key) -> MLflow run id
-        self._experiments: dict[str, str] = {}
-        self._client: MlflowClient | None = None
-
-    @property
-    def client(self) -> MlflowClient:
-        if self._client is None:
-            self._client = _make_client(self.uri)
-        return self._client
-
-    def ping(self) -> None:
-        self.client.search_experiments(max_results=1)
-
-    def apply(self, rec: Record) -> None:
-        handler = getattr(self, f"_do_{rec.get('kind')}", None)
-        if handler is None:
-            raise _Permanent(f"unknown operation {rec.get('kind')!r}")
-        handler(rec, rec["args"])
-
-    def known(self, rec: Record, key: str | None) -> str | None:
-        """The MLflow run id of ``key`` in ``rec``'s session, if it was created here."""
-        return self.run_ids.get((rec["session"], key)) if key is not None else None
-
-    def annotate(self, rec: Record) -> Record:
-        """``rec`` with the run ids known now, so that a replay elsewhere can address them."""
-        return {
-            **rec,
-            "run_id": self.known(rec, rec["key"]) or rec.get("run_id"),
-            "parent_run_id": self.known(rec, rec.get("parent_key")) or rec.get("parent_run_id"),
-        }
-
-    def _experiment_id(self, name: str) -> str:
-        if name not in self._experiments:
-            exp = self.client.get_experiment_by_name(name)
-            if exp is None:
-                try:
-                    location = _artifact_location(self.uri, name)
-                    self._experiments[name] = self.client.create_experiment(name, location)
-                    return self._experiments[name]
-                except Exception:  # created meanwhile by another process?
-                    exp = self.client.get_experiment_by_name(name)
-                    if exp is None:
-                        raise
-            if exp.lifecycle_stage == "deleted":
-                self.client.restore_experiment(exp.experiment_id)
-            self._experiments[name] = exp.experiment_id
-        return self._experiments[name]
-
-    def _rid(self, rec: Record) -> str:
-        rid = self.known(rec, rec["key"]) or rec.get("run_id")
-        if not rid:
-            raise _Permanent(f"no MLflow run for key {rec['key']!r} (its start was lost)")
-        return rid
-
-    def _resume(self, rid: str) -> dict[str, str] | None:
-        """Reopen run ``rid``; its params, or None when it does not exist."""
-        try:
-            run = self.client.get_run(rid)
-        except Exception as exc:
-            if getattr(exc, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
-                raise
-            log.warning("tracking: run %s to resume does not exist; starting a new one", rid)
-            return None
-        self.client.update_run(rid, status="RUNNING")
-        return dict(run.data.params)
-
-    def _create(self, rec: Record, tags: Mapping[str, str]) -> str:
-        eid = self._experiment_id(rec["experiment"])
-        run = self.client.create_run(eid, rec["ts"], dict(tags), rec["args"]["run_name"])
-        self.run_ids[(rec["session"], rec["key"])] = run.info.run_id
-        return run.info.run_id
-
-    def _do_start_campaign(self, rec: Record, args: Record) -> None:
-        rid = self.known(rec, rec["key"]) or rec.get("run_id") or args.get("resume_run_id")
-        existing = self._resume(rid) if rid else None
-        if rid is None or existing is None:
-            rid, existing = self._create(rec, args["tags"]), {}
-        else:
-            self.run_ids[(rec["session"], rec["key"])] = rid
-            self._log_batch(rid, tags=args["tags"])
-        params = args["params"]
-        changed = sorted(k for k, v in params.items() if existing.get(k, v) != v)
-        if changed:
-            log.warning("tracking: run %s keeps its old values of params %s", rid, changed)
-        self._log_batch(rid, params={k: v for k, v in params.items() if k not in existing})
-
-    def _do_start_site(self, rec: Record, args: Record) -> None:
-        rid = self.known(rec, rec["key"]) or rec.get("run_id")
-        if rid:  # created before the spool line was written
-            self.run_ids[(rec["session"], rec["key"])] = rid
-            return
-        resume = args.get("resume_run_id")
-        if resume and self._resume(resume) is not None:
-            self.run_ids[(rec["session"], rec["key"])] = resume
-            return
-        parent = self.known(rec, rec.get("parent_key")) or rec.get("parent_run_id")
-        if not parent:
-            log.warning("tracking: site %r has no campaign run; logged at top level", rec["key"])
-        self._create(rec, {**args["tags"], **({PARENT_TAG: parent} if parent else {})})
-
-    def _do_log_metrics(self, rec: Record, args: Record) -> None:
-        from mlflow.entities import Metric
-
-        rid = self._rid(rec)
-        metrics = [Metric(n, v, ts, s) for n, v, s, ts in args["metrics"]]
-        for chunk in _chunks(metrics, MAX_METRICS_PER_BATCH):
-            self.client.log_batch(rid, metrics=chunk)
-
-    def _do_set_tags(self, rec: Record, args: Record) -> None:
-        self._log_batch(self._rid(rec), tags=args["tags"])
-
-    def _do_log_artifacts(self, rec: Record, args: Record) -> None:
-        rid = self._rid(rec)
-        if not Path(args["local_dir"]).is_dir():
-            raise _Permanent(f"artifact folder {args['local_dir']!r} is gone")
-        self.client.log_artifacts(rid, args["local_dir"], args["artifact_path"])
-
-    def _do_end(self, rec: Record, args: Record) -> None:
-        self.client.set_terminated(self._rid(rec), status=args["status"], end_time=rec["ts"])
-
-    def _log_batch(
-        self, rid: str, params: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None
-    ) -> None:
-        from mlflow.entities import Param, RunTag
-
-        for chunk in _chunks([Param(k, v) for k, v in (params or {}).items()], MAX_PARAMS_TAGS_PER_BATCH):
-            self.client.log_batch(rid, params=chunk)
-        for chunk in _chunks([RunTag(k, v) for k, v in (tags or {}).items()], MAX_PARAMS_TAGS_PER_BATCH):
-            self.client.log_batch(rid, tags=chunk)
-
-
-def _send(sender: _Sender, rec: Record, tries: int, give_up: Callable[[], bool] = bool) -> _Outcome:
-    """Apply ``rec``, retrying transient failures with backoff until ``give_up()``."""
-    for attempt in range(tries):
-        try:
-            sender.apply(rec)
-            return _Outcome.SENT
-        except Exception as exc:  # every MLflow failure is contained here
-            if not _is_transient(exc):
-                log.warning("tracking: dropped %s for %r: %s", rec.get("kind"), rec.get("key"), exc)
-                return _Outcome.DROPPED
-            log.debug("tracking: %s for %r failed (try %d): %s", rec["kind"], rec["key"], attempt + 1, exc)
-        if attempt + 1 == tries or give_up():
-            break
-        time.sleep(BACKOFF_S * 2**attempt)
-    return _Outcome.FAILED
-
-
-def _replay_file(sender: _Sender, path: Path, tries: int) -> SpoolReplay:
-    """Send a spool file in order; stop at the first transient failure, keep the rest."""
-    if not path.exists():
-        return SpoolReplay(0, 0, 0)
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    sent = dropped = 0
-    for index, line in enumerate(lines):
-        try:
-            outcome = _send(sender, json.loads(line), tries)
-        except (ValueError, TypeError, KeyError):
-            log.warning("tracking: unreadable spool line dropped: %.200s", line)
-            outcome = _Outcome.DROPPED
-        if outcome is _Outcome.FAILED:
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text("".join(f"{rest}\n" for rest in lines[index:]), encoding="utf-8")
-            os.replace(tmp, path)
-            return SpoolReplay(sent, dropped, len(lines) - index)
-        sent += outcome is _Outcome.SENT
-        dropped += outcome is _Outcome.DROPPED
-    path.unlink(missing_ok=True)
-    return SpoolReplay(sent, dropped, 0)
-
-
-def replay_spool(uri: str, spool_dir: Path | str, tries: int = TRIES) -> SpoolReplay:
-    """Send ``<spool_dir>/tracking-spool.jsonl`` to ``uri``; unsent lines stay in the file."""
-    return _replay_file(_Sender(uri), Path(spool_dir) / SPOOL_NAME, tries)
 
 
 def _never_raise(method: Callable[..., None]) -> Callable[..., None]:
@@ -601,64 +322,3 @@ class Tracker:
         if result.left == 0:
             self._offline = False
             log.info("tracking: %s answers again; replayed %d spooled operations", self.uri, result.sent)
-
-
-def _pages(fetch: Callable[[str | None], Any]) -> Iterator[Any]:
-    """Every item of a paged MLflow search."""
-    token: str | None = None
-    while True:
-        page = fetch(token)
-        yield from page
-        token = page.token
-        if not token:
-            return
-
-
-def _as_int(value: Any) -> int | None:
-    try:
-        return int(float(value))
-    except (TypeError, ValueError):
-        return None
-
-
-def query_findings(uri: str, campaign: str | None = None, state: str | None = None) -> list[dict]:
-    """Site runs tagged ``status=found`` (optionally of one campaign, in one triage state).
-
-    Each dict: site_id, label (run name), target, op, hazard, location, steps (metric or
-    tag ``steps``), status, triage, signature, run_id, campaign (experiment name).
-    """
-    if state is not None and ("'" in state or "\\" in state):
-        raise ValueError(f"triage state {state!r} must not contain quotes or backslashes")
-    client = _make_client(uri)
-    if campaign is not None:
-        exp = client.get_experiment_by_name(campaign)
-        experiments = {exp.experiment_id: exp.name} if exp is not None else {}
-    else:
-        found = _pages(lambda t: client.search_experiments(max_results=1000, page_token=t))
-        experiments = {e.experiment_id: e.name for e in found}
-    if not experiments:
-        return []
-    where = "tags.status = 'found'" + (f" and tags.triage = '{state}'" if state is not None else "")
-    ids = list(experiments)
-    runs = _pages(lambda t: client.search_runs(ids, where, max_results=1000, page_token=t))
-    return [
-        {
-            **{name: run.data.tags.get(tag) for name, tag in _FINDING_TAGS.items()},
-            "label": run.info.run_name,
-            "steps": _as_int(run.data.metrics.get("steps", run.data.tags.get("steps"))),
-            "run_id": run.info.run_id,
-            "campaign": experiments[run.info.experiment_id],
-        }
-        for run in runs
-        if PARENT_TAG in run.data.tags
-    ]
-
-
-def set_triage(uri: str, run_id: str, state: str, note: str | None = None) -> None:
-    """Set tags ``triage`` (and ``triage.note``) on a site run."""
-    from mlflow.entities import RunTag
-
-    tags = [RunTag("triage", str(state)[:MAX_TAG_VALUE])]
-    if note is not None:
-        tags.append(RunTag("triage.note", str(note)[:MAX_TAG_VALUE]))
-    _make_client(uri).log_batch(run_id, tags=tags)

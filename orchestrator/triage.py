@@ -62,7 +62,7 @@ def parse_state(state: str) -> TriageState:
 def triage(finding: str | Path, state: str, note: str | None = None, tracking_uri: str | None = None,
            cwd: Path | None = None) -> TriageResult:
     """Set the triage state (and note) of a finding folder or an MLflow site run id."""
-    from orchestrator.tracking import set_triage
+    from orchestrator.tracking_queries import set_triage
 
     wanted = parse_state(state)
     uri, run_id, label = resolve(finding, tracking_uri, cwd)
@@ -119,7 +119,7 @@ def _default_uri(cli: str | None, own: str | None, cwd: Path | None) -> str:
 
 
 def _search_run(uri: str, campaign: str | None, site_id: str, folder: Path) -> str:
-    from orchestrator.tracking import query_findings
+    from orchestrator.tracking_queries import query_findings
 
     try:
         rows = [r for r in query_findings(uri, campaign=campaign) if r.get("site_id") == site_id]

@@ -12,16 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import tracking
-from orchestrator.tracking import (
-    SpoolReplay,
-    Tracker,
-    default_sqlite_uri,
-    flatten_params,
-    query_findings,
-    replay_spool,
-    set_triage,
-)
+from orchestrator import tracking, tracking_sender
+from orchestrator.tracking import Tracker, flatten_params
+from orchestrator.tracking_queries import query_findings, set_triage
+from orchestrator.tracking_sender import SpoolReplay, default_sqlite_uri, replay_spool
 
 pytestmark = pytest.mark.mlflow
 MlflowClient = pytest.importorskip("mlflow.tracking").MlflowClient
@@ -46,7 +40,7 @@ def store_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(autouse=True)
 def _http_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tracker sets MLflow's HTTP variables process-wide; undo them after each test."""
-    for name, value in tracking.HTTP_ENV_DEFAULTS.items():
+    for name, value in tracking_sender.HTTP_ENV_DEFAULTS.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
 
@@ -225,7 +219,7 @@ def test_unreachable_server_spools_then_replays(store_uri: str, tmp_path: Path) 
 class _Flaky:
     """Wraps a sender's ``apply``/``ping``: raises a connection error while ``down``."""
 
-    def __init__(self, sender: tracking._Sender) -> None:
+    def __init__(self, sender: tracking_sender._Sender) -> None:
         self.down = True
         self.apply, self.ping = sender.apply, sender.ping
         sender.apply, sender.ping = self._wrap(sender.apply), self._wrap(sender.ping)
