@@ -18,11 +18,11 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
-def write_section(name: str, body: str, script: str | None = None) -> None:
+def write_section(name: str, body: str, script: str | None = None, args: str = "") -> None:
     """Replace the section ``name`` (delimited by HTML comments) or append it."""
     text = RESULTS.read_text() if RESULTS.exists() else HEADER
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    block = f"<!-- {name}:start -->\n{body.rstrip()}\n\n_Written by `benchmarks/{script or name}.py`, {stamp}, {machine()}._\n<!-- {name}:end -->"
+    block = f"<!-- {name}:start -->\n{body.rstrip()}\n\n_Written by `benchmarks/{script or name}.py{" " + args if args else ""}`, {stamp}, {machine()}._\n<!-- {name}:end -->"
     pattern = re.compile(rf"<!-- {re.escape(name)}:start -->.*?<!-- {re.escape(name)}:end -->", re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     RESULTS.write_text(text)

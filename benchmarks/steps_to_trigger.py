@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     body = report(subjects, guarded, args.strategies, results, args.max_steps, args.framework)
     print(body)
     if not args.no_write:
-        write_section("steps_to_trigger" + ("_tf" if tf else ""), body, script="steps_to_trigger")
+        write_section("steps_to_trigger" + ("_tf" if tf else ""), body, script="steps_to_trigger",
+                      args="--framework tensorflow" if tf else "")
     return 0
 
 
