@@ -185,6 +185,24 @@ def test_checkpoint_restore_continues_identically():
     assert a.step == b.step == 80
 
 
+def test_adaptive_checkpoint_keeps_its_curvature_memory(tmp_path):
+    """Through safetensors and JSON, as the actors do: a restored site re-evaluates its
+    point (one step) and otherwise goes on as the original."""
+    from fuzz_core.io import atomic_save_arrays, atomic_write_json, load_arrays, read_json
+
+    _, a = _search("valley", max_steps=300)
+    a.run(12)
+    arrays, meta = a.checkpoint()
+    assert {"strategy.qn_s", "strategy.qn_y"} <= set(arrays)
+    atomic_save_arrays(tmp_path / "c.safetensors", arrays)
+    atomic_write_json(tmp_path / "m.json", meta)
+    _, b = _search("valley", max_steps=300)
+    b.restore(load_arrays(tmp_path / "c.safetensors"), read_json(tmp_path / "m.json"))
+    ra, rb = a.run(300), b.run(300)
+    assert ra.status is rb.status is SiteStatus.FOUND
+    assert rb.steps <= ra.steps + 1
+
+
 def test_step_seed_depends_on_campaign_site_and_step():
     assert step_seed(0, "abc", 1) == step_seed(0, "abc", 1)
     assert len({step_seed(0, "abc", 1), step_seed(1, "abc", 1), step_seed(0, "abd", 1), step_seed(0, "abc", 2)}) == 4
