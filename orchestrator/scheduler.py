@@ -3,9 +3,11 @@
 Pure (stdlib and numpy only): the controller reports with ``on_progress`` and
 ``retire``, asks with ``allocate`` and alone turns the returned ``Decision`` values
 into actor calls. Policies: ``round-robin`` (equal quanta, least recently served
-first: the baseline) and ``loss-slope`` (quanta in inverse proportion to the
-predicted steps to trigger, closest sites first, an exploration floor, and a
-REFRESH when a site plateaus). Missing or NaN data in a report means "continue".
+first: the baseline) and ``loss-slope`` (a cheap probe of every site, then quanta in
+inverse proportion to the predicted steps to trigger, closest sites first, an
+exploration floor that grows with the budget the others got, a REFRESH when a site
+plateaus and early retirement once refreshes stay fruitless). Missing or NaN data in
+a report means "continue".
 """
 from __future__ import annotations
 
@@ -30,9 +32,11 @@ log = logging.getLogger(__name__)
 EPS = 1e-9                # smallest fall rate (loss per step) in a prediction
 DEFAULT_WINDOW = 16       # losses the slope and the plateau test look at
 DEFAULT_MAX_FACTOR = 4    # largest loss-slope quantum, in quanta
-DEFAULT_STARVE_AFTER = 4  # allocations a live idle site may be passed over
+DEFAULT_STARVE_AFTER = 64  # allocations a live idle site may be passed over (a backstop)
 DEFAULT_PLATEAU_TOL = 0.01  # a window falling by less than this fraction is flat
 DEFAULT_MAX_REFRESHES = 2   # fruitless refreshes before a site gets floor quanta only
+DEFAULT_PROBE_QUANTA = 4    # the first pass over never-served sites costs about this many quanta
+DEFAULT_PROGRESS = 0.5      # a site whose best loss is below this share of its first has progressed
 
 
 class Action(Enum):
@@ -172,6 +176,10 @@ class _Site:
     best_at_refresh: float | None = None
     fruitless: int = 0               # refreshes in a row that did not lower the best loss
     hopeless: bool = False
+    first: float = math.nan          # first finite loss
+    gained: int = 0                  # steps used when the best loss last improved
+    curve: deque = field(default_factory=deque)  # best loss so far, after each recent loss
+    moving: bool = True              # the recent losses are not all one value
 
     @property
     def live(self) -> bool:
@@ -302,11 +310,31 @@ class RoundRobinScheduler(Scheduler):
 class LossSlopeScheduler(Scheduler):
     """Closest sites first, with quanta in inverse proportion to their predicted steps.
 
-    Order: sites passed over ``starve_after`` times (longest waiting first), sites never
-    served, the rest by predicted steps, then hopeless ones. Sizes: ``quantum * ref / pred``
-    with ``ref`` the median prediction of live sites, within [min_quantum, max_quantum].
-    A plateau gets a REFRESH; after ``max_refreshes`` fruitless ones in a row a site
-    that stays flat gets ``min_quantum`` only."""
+    A site's predicted steps to trigger are ``best / max(eps, fall)``: its best loss over the
+    fall per step of its best-loss curve over the last ``window`` losses (monotone, so noise in
+    the loss does not read as progress; a fall within ``plateau_tol`` of the level counts as
+    none, so a loss parked just above a clamp, say at 1e-45, is not "almost there").
+    Serving order, by tier:
+
+    0. sites passed over ``starve_after`` allocations in a row (a backstop);
+    1. sites never served, with a probe of ``probe_quanta * quantum / live sites`` steps
+       (within [min_quantum, quantum]): the first pass over many sites stays cheap;
+    2. sites below the exploration floor: fewer steps than ``floor`` times the largest budget
+       of a live site (default ``min_quantum / max_quantum``: a min quantum for every max
+       quantum the leader gets), least served first, min_quantum each. The floor grows with
+       what the others got, so a flat site that will trigger suddenly is never starved;
+    3. sites on course (predicted to trigger within their remaining budget), closest first,
+       ``quantum * ref / pred`` steps each (``ref``: the median prediction of such sites);
+    4. sites off course that have progressed (best loss at most ``progress`` times their
+       first), those whose loss still moves first, then least served first, a quantum each;
+    5. the rest (flat so far), least served first: min_quantum while a better site is live,
+       else a quantum;
+    6. hopeless sites: min_quantum.
+
+    A plateau (the loss window fell by less than ``plateau_tol`` of its level, or rose) gets a
+    REFRESH; after ``max_refreshes`` fruitless ones in a row the site is hopeless, and once
+    its best loss has not improved for ``retire_after`` of its steps (default: half the
+    budget) it is retired as exhausted, its remaining budget left to the others."""
 
     policy = "loss-slope"
 
@@ -314,7 +342,9 @@ class LossSlopeScheduler(Scheduler):
                  min_quantum: int | None = None, max_quantum: int | None = None,
                  starve_after: int = DEFAULT_STARVE_AFTER,
                  plateau_tol: float = DEFAULT_PLATEAU_TOL,
-                 max_refreshes: int = DEFAULT_MAX_REFRESHES) -> None:
+                 max_refreshes: int = DEFAULT_MAX_REFRESHES,
+                 floor: float | None = None, probe_quanta: int = DEFAULT_PROBE_QUANTA,
+                 progress: float = DEFAULT_PROGRESS, retire_after: int | None = None) -> None:
         super().__init__(max_steps, quantum)
         self.window = _check_int("window", window, 3)
         lo = max(1, self.quantum // 4) if min_quantum is None else min_quantum
@@ -327,16 +357,41 @@ class LossSlopeScheduler(Scheduler):
         self.starve_after = _check_int("starve_after", starve_after, 1)
         self.plateau_tol = _check_fraction("plateau_tol", plateau_tol)
         self.max_refreshes = _check_int("max_refreshes", max_refreshes, 0)
+        self.floor = _check_fraction("floor", min(0.5, self.min_quantum / self.max_quantum)
+                                     if floor is None else floor)
+        self.probe_quanta = _check_int("probe_quanta", probe_quanta, 1)
+        self.progress = _check_fraction("progress", progress)
+        self.retire_after = _check_int("retire_after", max(1, self.max_steps // 2)
+                                       if retire_after is None else retire_after, 1)
 
+    # -- reading reports ------------------------------------------------------------------
     def _observe(self, site: _Site, progress: SiteProgress) -> None:
         losses = _floats(progress.losses)
-        site.trace = deque(list(site.trace) + losses, maxlen=self.window)
         finite = [v for v in losses if math.isfinite(v)]
         if finite:
             site.loss = finite[-1]
+            if math.isnan(site.first):
+                site.first = finite[0]
+        before = site.best
         best = [v for v in finite + [_number(progress.best_loss)] if math.isfinite(v)]
         site.best = min([site.best, *best])
-        site.pred = _predicted_steps(site.loss, _slope(site.trace))
+        if site.best < before * (1 - self.plateau_tol) or (site.best < before and not math.isfinite(before)):
+            site.gained = site.reported
+        site.trace = deque(list(site.trace) + losses, maxlen=self.window)
+        running, curve = site.curve[-1] if site.curve else math.inf, []
+        for v in finite:
+            running = min(running, v)
+            curve.append(running)
+        site.curve = deque(list(site.curve) + curve, maxlen=self.window)
+        if len(site.curve) < 2:
+            site.pred = math.nan
+        elif site.curve[0] - site.curve[-1] <= self.plateau_tol * abs(site.curve[-1]):
+            site.pred = math.inf  # no fall beyond the plateau tolerance: no evidence of progress
+        elif finite and not site.best < before:
+            site.pred = math.inf  # no new best in this report: the fall has stopped, for now
+        else:
+            site.pred = _predicted_steps(site.best, -(site.curve[0] - site.curve[-1]) / (len(site.curve) - 1))
+        site.moving = len(set(finite[-self.window:])) > 1 if finite else site.moving
         full = len(site.trace) == self.window
         flat = full and _is_plateau(site.trace, self.plateau_tol)
         site.plateau = _flag(progress.plateau_hint) or flat
@@ -345,33 +400,63 @@ class LossSlopeScheduler(Scheduler):
             site.fruitless = 0 if helped else site.fruitless + 1
             site.best_at_refresh = None
         site.hopeless = site.plateau and site.fruitless >= self.max_refreshes
+        if site.hopeless and site.reported - site.gained >= self.retire_after:
+            site.pending = Action.RETIRE_EXHAUSTED  # refreshed, flat, and no gain for long
 
     def _on_refresh(self, site: _Site) -> None:
         site.trace.clear()
         site.plateau, site.best_at_refresh = False, site.best
 
+    # -- ranking --------------------------------------------------------------------------
+    def _progressed(self, s: _Site) -> bool:
+        return math.isfinite(s.first) and s.first > 0 and s.best <= self.progress * s.first
+
+    def _on_course(self, s: _Site) -> bool:
+        return not s.hopeless and s.pred <= self._remaining(s)
+
+    def _tier(self, s: _Site, floor: float) -> int:
+        if s.served < 0:
+            return 1
+        if s.granted < floor:
+            return 2
+        if self._on_course(s):
+            return 3
+        if s.hopeless:
+            return 6
+        return 4 if self._progressed(s) else 5
+
     def _rank(self, idle: list[_Site]) -> list[tuple[_Site, Action, int]]:
-        preds = [s.pred for s in self._sites.values() if s.live and 0 < s.pred < math.inf]
+        live = [s for s in self._sites.values() if s.live]
+        preds = [s.pred for s in live if s.served >= 0 and self._on_course(s) and 0 < s.pred < math.inf]
         ref = float(np.median(preds)) if preds else math.nan
+        floor = self.floor * max((s.granted for s in live), default=0)
+        probe = min(self.quantum, max(self.min_quantum, self.probe_quanta * self.quantum // max(1, len(live))))
+        tiers = {s.site_id: self._tier(s, floor) for s in live}
+        better = any(t < 5 for t in tiers.values())  # a site worth more than the flat ones
 
         def key(s: _Site) -> tuple:
+            tier = tiers[s.site_id]
             if s.waits >= self.starve_after:
                 return (0, -s.waits, s.order)
-            tier = 1 if s.served < 0 else 3 if s.hopeless else 2
-            pred = math.inf if math.isnan(s.pred) else s.pred
-            return (tier, pred if tier == 2 else 0, s.order)
+            if tier == 3:
+                return (3, s.pred, s.order)
+            if tier == 4:
+                return (4, not s.moving, s.granted, s.order)
+            return (tier, s.granted if tier != 1 else 0, s.order)
 
         ranked = []
         for s in sorted(idle, key=key):
-            if s.hopeless:
-                ranked.append((s, Action.GRANT, self.min_quantum))
-            elif s.plateau:
-                ranked.append((s, Action.REFRESH, self.quantum))
-            elif math.isnan(s.pred):
-                ranked.append((s, Action.GRANT, self.quantum))
-            else:
+            tier = tiers[s.site_id]
+            if tier == 1:
+                size = probe
+            elif tier == 3:
                 size = _quantum_for(s.pred, ref, self.quantum, self.min_quantum, self.max_quantum)
-                ranked.append((s, Action.GRANT, size))
+            elif tier == 2 or s.hopeless or (tier == 5 and better):
+                size = self.min_quantum
+            else:
+                size = self.quantum
+            action = Action.REFRESH if s.plateau and not s.hopeless else Action.GRANT
+            ranked.append((s, action, size))
         return ranked
 
 
