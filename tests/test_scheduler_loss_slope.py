@@ -16,6 +16,11 @@ def _report(sched, d, losses, *, used, triggered=False):
     sched.on_progress(SiteProgress(d.site_id, used, tuple(losses), min(finite, default=math.nan), triggered))
 
 
+def _d(site_id):
+    """A stand-in for a Decision: _report only reads its site_id."""
+    return type("D", (), {"site_id": site_id})()
+
+
 def test_first_pass_probe_shrinks_with_the_number_of_sites():
     many = make_scheduler("loss-slope", 600, 20)
     for i in range(25):
@@ -40,9 +45,6 @@ def test_a_loss_parked_just_above_a_clamp_is_not_about_to_trigger():
     out = sched.allocate(2)
     assert out[0].site_id == "falling" and out[0].steps > out[1].steps
 
-
-def _d(site_id):
-    return type("D", (), {"site_id": site_id})()
 
 
 def test_plateau_refresh_then_retire_before_the_budget_is_spent():
