@@ -22,7 +22,8 @@ def write_section(name: str, body: str, script: str | None = None, args: str = "
     """Replace the section ``name`` (delimited by HTML comments) or append it."""
     text = RESULTS.read_text() if RESULTS.exists() else HEADER
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    block = f"<!-- {name}:start -->\n{body.rstrip()}\n\n_Written by `benchmarks/{script or name}.py{" " + args if args else ""}`, {stamp}, {machine()}._\n<!-- {name}:end -->"
+    command = f"benchmarks/{script or name}.py" + (f" {args}" if args else "")
+    block = f"<!-- {name}:start -->\n{body.rstrip()}\n\n_Written by `{command}`, {stamp}, {machine()}._\n<!-- {name}:end -->"
     pattern = re.compile(rf"<!-- {re.escape(name)}:start -->.*?<!-- {re.escape(name)}:end -->", re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     RESULTS.write_text(text)
