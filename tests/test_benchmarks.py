@@ -1,0 +1,37 @@
+"""The benchmark scripts import and run (a broken one would only show when someone reruns it)."""
+from __future__ import annotations
+
+import py_compile
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")))
+def test_benchmark_script_compiles(script: str):
+    py_compile.compile(str(ROOT / "benchmarks" / script), doraise=True)
+
+
+def test_write_section_replaces_its_block_and_names_the_arguments(tmp_path: Path, monkeypatch):
+    from benchmarks import _results
+
+    monkeypatch.setattr(_results, "RESULTS", tmp_path / "RESULTS.md")
+    _results.write_section("demo", "first", script="demo_bench", args="--fast")
+    _results.write_section("other", "kept")
+    _results.write_section("demo", "second", script="demo_bench", args="--fast")
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "second" in text and "first" not in text and "kept" in text
+    assert "_Written by `benchmarks/demo_bench.py --fast`" in text
+    assert "_Written by `benchmarks/other.py`" in text
+
+
+def test_steps_to_trigger_runs_on_one_subject():
+    proc = subprocess.run([sys.executable, "benchmarks/steps_to_trigger.py", "--only", "softmax_xent_mlp",
+                           "--strategies", "adaptive", "--max-steps", "20", "--no-write"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| softmax_xent_mlp |" in proc.stdout and "adaptive | 1/1" in proc.stdout, proc.stdout[-2000:]
