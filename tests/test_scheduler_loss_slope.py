@@ -6,7 +6,6 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-import pytest
 
 from orchestrator.scheduler import Action, LossSlopeScheduler, SiteProgress, make_scheduler
 

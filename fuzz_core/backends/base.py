@@ -6,8 +6,9 @@ back, so ``fuzz_core`` stays framework-neutral and testable with a fake runner.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -88,6 +89,40 @@ def default_bounds(runner: "Runner", batch: dict[str, np.ndarray]) -> dict[str, 
             scale = runner.options.weight_range * (float(np.abs(w).max()) or 1.0)
             out[name] = (-scale, scale)
     return out
+
+
+def collect_grads(names: list[str], targets: list, grads: list,
+                  to_numpy: Callable[[Any], np.ndarray]) -> tuple[dict[str, np.ndarray], float, bool]:
+    """Gradients by name (zeros where there is no path), their global norm, and whether any
+    searched value has a path to the loss. Non-finite entries become 0."""
+    out, total, connected = {}, 0.0, False
+    for name, target, g in zip(names, targets, grads):
+        if g is None:
+            out[name] = np.zeros(tuple(target.shape), np.float64)
+            continue
+        connected = True
+        arr = np.nan_to_num(to_numpy(g), nan=0.0, posinf=0.0, neginf=0.0)
+        out[name] = arr
+        total += float((arr * arr).sum())
+    return out, math.sqrt(total), connected
+
+
+class TargetBatches:
+    """What every backend's runner does alike: batches from the target's sampler, checked
+    against the contract; bounds by :func:`default_bounds`; reset to the initial state."""
+
+    target: Any
+    _initial: dict[str, np.ndarray]
+
+    def reset(self) -> None:
+        """Back to the factory's initial state."""
+        self.set_state(self._initial)  # type: ignore[attr-defined]  # each runner's own
+
+    def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return self.target.check_batch(self.target.sample(rng))
+
+    def bounds(self, batch: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
+        return default_bounds(self, batch)  # type: ignore[arg-type]
 
 
 class Runner(Protocol):

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import op_callbacks
 
-from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, default_bounds
+from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches
 from fuzz_core.backends.tf_common import (
     _batch_size, _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown,
     seed_everything,
@@ -92,7 +92,7 @@ def _tf_var(v):
     return inner if isinstance(inner, tf.Variable) else v
 
 
-class EagerRunner:
+class EagerRunner(TargetBatches):
     """One built TF2 target, ready to run steps for any of its sites."""
 
     framework = "tensorflow"
@@ -187,20 +187,10 @@ class EagerRunner:
                 if key in state:
                     var.assign(_shaped(state[key], var))
 
-    def reset(self) -> None:
-        """Back to the factory's initial state (weights, seed generators, optimizer)."""
-        self.set_state(self._initial)
-
     def versions(self) -> dict[str, str]:
         return _versions()
 
     # -- batches ------------------------------------------------------------------------
-    def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        return self.target.check_batch(self.target.sample(rng))
-
-    def bounds(self, batch: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
-        return default_bounds(self, batch)
-
     def _scope(self):
         return tf.device(self._device) if self._device else contextlib.nullcontext()
 

@@ -10,7 +10,6 @@ pools. Loaded only by the TensorFlow backend modules (:mod:`fuzz_core.backends.t
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import sys
@@ -20,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context as tf_context
 
-from fuzz_core.backends.base import WEIGHT_PREFIX
+from fuzz_core.backends.base import WEIGHT_PREFIX, collect_grads
 from fuzz_core.backends.tf_recorder import np_dtype, tiny_of
 from fuzz_core.catalogue import log_floor
 
@@ -116,16 +115,7 @@ def _to_numpy_grad(g) -> np.ndarray:
 
 
 def _collect(names: list[str], targets: list, grads: list) -> tuple[dict[str, np.ndarray], float, bool]:
-    out, total, connected = {}, 0.0, False
-    for name, target, g in zip(names, targets, grads):
-        if g is None:
-            out[name] = np.zeros(tuple(target.shape), np.float64)
-            continue
-        connected = True
-        arr = _to_numpy_grad(g)
-        out[name] = arr
-        total += float((arr * arr).sum())
-    return out, math.sqrt(total), connected
+    return collect_grads(names, targets, grads, _to_numpy_grad)
 
 
 def _warn_unknown(state: dict, known, prefixes: tuple[str, ...]) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, default_bounds
+from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches
 from fuzz_core.backends.tf_common import (
     _batch_size, _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown,
     seed_everything,
@@ -51,7 +51,7 @@ def _named(variables: list, prefix: str = "") -> dict[str, Any]:
 
 
 
-class GraphRunner:
+class GraphRunner(TargetBatches):
     """One built TF1-style graph target (graph, session, placeholders, loss, train_op)."""
 
     framework = "tensorflow"
@@ -136,19 +136,10 @@ class GraphRunner:
         _warn_unknown(state, self._vars.keys(), ("graph.",))
         self._load([(k, v, state[k]) for k, v in self._vars.items() if k in state])
 
-    def reset(self) -> None:
-        self.set_state(self._initial)
-
     def versions(self) -> dict[str, str]:
         return _versions()
 
     # -- batches ------------------------------------------------------------------------
-    def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        return self.target.check_batch(self.target.sample(rng))
-
-    def bounds(self, batch: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
-        return default_bounds(self, batch)
-
     def _feed(self, values: dict[str, np.ndarray]) -> dict:
         weights = [("graph." + _var_name(self._params[k[len(WEIGHT_PREFIX):]]), self._params[k[len(WEIGHT_PREFIX):]], v)
                    for k, v in values.items() if k.startswith(WEIGHT_PREFIX)]

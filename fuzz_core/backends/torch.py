@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_leaves
 
-from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, default_bounds
+from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches, collect_grads
 from fuzz_core.backends.torch_recorder import LOCATOR, Recorder, RecordingMode
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue, log_floor
 from fuzz_core.sites import OpSite, make_site
@@ -135,7 +135,7 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-class TorchRunner:
+class TorchRunner(TargetBatches):
     """One built PyTorch target, ready to run steps for any of its sites."""
 
     framework = "torch"
@@ -207,7 +207,7 @@ class TorchRunner:
 
     def reset(self) -> None:
         """Back to the factory's initial state (weights, buffers, optimizer)."""
-        self.set_state(self._initial)
+        super().reset()
         if self.target.optimizer is not None and not any(k.startswith("optim.") and k != "optim.__meta__"
                                                            for k in self._initial):
             self.target.optimizer.state.clear()
@@ -216,12 +216,6 @@ class TorchRunner:
         return {"torch": torch.__version__}
 
     # -- batches ----------------------------------------------------------------------
-    def sample(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        return self.target.check_batch(self.target.sample(rng))
-
-    def bounds(self, batch: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
-        return default_bounds(self, batch)
-
     def _tensors(self, values: dict[str, np.ndarray], grad: bool) -> tuple[dict, dict]:
         batch, leaves = {}, {}
         for name, value in values.items():
@@ -346,16 +340,7 @@ class TorchRunner:
 def _grads(loss: torch.Tensor, names: list[str], targets: list[torch.Tensor],
            retain: bool) -> tuple[dict[str, np.ndarray], float, bool]:
     grads = torch.autograd.grad(loss, targets, allow_unused=True, retain_graph=retain)
-    out, total, connected = {}, 0.0, False
-    for name, target, g in zip(names, targets, grads):
-        if g is None:
-            out[name] = np.zeros(tuple(target.shape), np.float64)
-            continue
-        connected = True
-        arr = np.nan_to_num(g.detach().cpu().double().numpy(), nan=0.0, posinf=0.0, neginf=0.0)
-        out[name] = arr
-        total += float((arr * arr).sum())
-    return out, math.sqrt(total), connected
+    return collect_grads(names, targets, grads, lambda g: g.detach().cpu().double().numpy())
 
 
 def _outputs_nonfinite(out: Any) -> torch.Tensor:
