@@ -30,11 +30,6 @@ from benchmarks.subjects import BUGGY  # noqa: E402
 TRANSFORMER = "benchmarks/targets/transformer_256.py:make_target"
 
 
-class _Null:
-    def message(self, *_): pass
-    def update(self, *_, **__): pass
-
-
 class CountingExecutor:
     """Wraps an executor; counts steps campaign-wide in the order the quanta come back and
     notes, per site, the count at which its finding arrived (``found_at``)."""
@@ -86,10 +81,12 @@ def run_controller(camp, executor, run_dir: Path, select=None):
     from fuzz_core.search import SearchConfig
     from orchestrator.campaign import target_specs
     from orchestrator.controller import Controller, LoopLimits
+    from orchestrator.progress import Progress
 
     specs = target_specs(camp)
     config = SearchConfig(camp.search.strategy, camp.search.max_steps, camp.search.seed)
-    ctl = Controller(camp, run_dir, executor, None, None, _Null(), specs, config, LoopLimits(3600, 3))
+    quiet = Progress(camp.name, camp.search.max_steps, camp.time_limit_s, enabled=False)
+    ctl = Controller(camp, run_dir, executor, None, None, quiet, specs, config, LoopLimits(3600, 3))
     handle = ctl._handle
     timings: list[float] = []
 
