@@ -64,8 +64,7 @@ class Controller:
         """Register the discovered sites (``found``: target name -> sites or TargetFailure)."""
         previous = previous or {}
         for name, spec in self.specs.items():
-            tcfg = next(t for t in self.campaign.targets if t.name == name)
-            rec = self.targets[name] = TargetRecord(name, spec.entry, tcfg.framework)
+            rec = self.targets[name] = TargetRecord(name, spec.entry, spec.framework)
             result = found[name]
             if isinstance(result, Exception):
                 rec.status, rec.error, rec.traceback = "error", str(result), getattr(result, "tb", None)
