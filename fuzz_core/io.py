@@ -1,30 +1,38 @@
 """Atomic, pickle-free files: JSON and safetensors, written to a temp name then renamed."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[tuple[int, str]]:
+    """A temp file beside ``path`` (its fd, its name) that replaces ``path`` when the block ends,
+    and is removed when it raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        yield fd, tmp
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with _replacing(path) as (fd, _), os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -45,18 +53,9 @@ def _json_default(o: Any) -> Any:
 
 def atomic_save_arrays(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
     """Save NumPy arrays as safetensors (never pickle), atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        clean = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
-        save_file(clean, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with _replacing(path) as (fd, tmp):
+        os.close(fd)
+        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tmp, metadata=metadata)
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
