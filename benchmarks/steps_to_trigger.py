@@ -37,8 +37,8 @@ class Outcome:
 
 
 def run_subject(entry: str, strategy: str, max_steps: int, seed: int = 0) -> Outcome:
-    from fuzz_core.engine import TargetSpec, build_runner, finding_from
-    from fuzz_core.search import SearchConfig, SiteSearch
+    from fuzz_core.engine import TargetSpec, build_runner, finding_from, search_site
+    from fuzz_core.search import SearchConfig
 
     spec = TargetSpec("subject", entry, seed=seed)
     runner = build_runner(spec)
@@ -50,8 +50,7 @@ def run_subject(entry: str, strategy: str, max_steps: int, seed: int = 0) -> Out
     all_steps, all_seconds = 0, 0.0
     for site in sites:
         t0 = time.perf_counter()
-        search = SiteSearch(runner, site, config)
-        result = search.run(max_steps)
+        result = search_site(runner, site, config)
         all_steps, all_seconds = all_steps + result.steps, all_seconds + result.seconds
         found = result.candidate is not None and finding_from(
             runner, spec, site, config, result.candidate, result.seconds, minimise_batch=False) is not None
