@@ -15,7 +15,7 @@ Each iteration proposes, in order, until one lowers the hard-minimum margin:
 4. a quasi-Newton step (L-BFGS from the curvature of the accepted steps) when plain
    Polyak steps make slow progress: a margin such as ``1 - cos`` of two embeddings
    is a narrow valley through a network, where gradient steps zig-zag and a
-   curvature-aware step goes down it (an ArcFace head: 25 steps instead of never);
+   curvature-aware step goes down it (an ArcFace head: a few dozen steps instead of never);
 5. mutations to interesting values: the weakest sample set to 0, to a copy of
    another sample, to its own mean (equal features), to the bounds, to +-1.
    Floating point is discrete: a gradient step rarely lands *exactly* on a zero
@@ -44,6 +44,8 @@ STALL_REFRESH = 3        # iterations without progress before a refresh
 ESCAPE_STEPS = 12        # unconditional sign steps after an iteration without progress
 ESCAPE_FRACTION = 0.025  # their size, as a fraction of each value's box
 REFRESH_FRACTION = 0.25
+# jitter first (near a rounding-decided edge it is the cheapest win) and drawn again at the end:
+# each draw is a new ticket in the rounding lottery
 MUTATIONS = ("jitter", "zero", "copy", "flat", "low", "high", "one", "minus_one", "jitter", "jitter", "jitter")
 MULT_MIN, MULT_MAX = 0.1, 8.0   # bounds of the input-space step multiplier
 JITTER = 1e-6            # relative size of the rounding-lottery perturbation
@@ -159,9 +161,10 @@ class Adaptive(Strategy):
 
     def _proposals(self, s, cur: Evaluation) -> Iterator[tuple[str, dict]]:
         st = s.strategy_state
-        qn = quasi_newton_step(st, s, cur)
-        qn_first = qn is not None and (st.get("slow") or st.get("prefer") == "qn")
-        if qn_first:
+        # the L-BFGS recursion runs only when the list gets this far (most iterations accept earlier)
+        qn_first = bool(st.get("slow") or st.get("prefer") == "qn")
+        qn = quasi_newton_step(st, s, cur) if qn_first else None
+        if qn is not None:
             yield "qn", qn
         spaces = self._spaces(s, cur)
         full: dict[str, dict] = {}
@@ -172,8 +175,10 @@ class Adaptive(Strategy):
                 yield space, x_new
             if space == "linear" and not s.spec.point and x_new is not None:
                 yield "crossing", self._polyak(s, cur, space, 1 + OVERSHOOT) or x_new
-        if qn is not None and not qn_first:
-            yield "qn", qn
+        if not qn_first:
+            qn = quasi_newton_step(st, s, cur)
+            if qn is not None:
+                yield "qn", qn
         if full:                                   # backtrack along the first step's direction
             first = full[next(iter(full))]
             for t in BACKTRACK:
@@ -181,7 +186,7 @@ class Adaptive(Strategy):
         if cur.grads is not None and cur.connected:
             sizes = {k: SIGN_FRACTION * (hi - lo) for k, (lo, hi) in s.bounds.items()}
             yield "sign", sign_step(s.values, cur.grads, sizes, s.bounds)
-        if s.strategy_state.get("stall", 0) >= 1 or not full:
+        if st.get("stall", 0) >= 1 or not full:
             yield from self._mutations(s, cur)
 
     def _spaces(self, s, cur: Evaluation) -> list[str]:
@@ -266,7 +271,7 @@ def remember_curvature(st: dict, s, x_old: dict, ev_old: Evaluation, x_new: dict
         return
     S, Y = st.get("qn_s"), st.get("qn_y")
     if not isinstance(S, np.ndarray) or S.shape[1:] != step.shape:
-        S, Y = step[None, :0].reshape(0, step.size), change[None, :0].reshape(0, step.size)
+        S, Y = np.empty((0, step.size)), np.empty((0, step.size))
     st["qn_s"] = np.vstack([S, step[None]])[-QN_MEMORY:]
     st["qn_y"] = np.vstack([Y, change[None]])[-QN_MEMORY:]
 
