@@ -27,20 +27,21 @@ def split_entry(entry: str) -> tuple[str, str]:
 def entry_file(entry: str, base: Path | None = None) -> Path | None:
     """The file an entry names, when it names a file."""
     module, _ = split_entry(entry)
-    if module.endswith(".py") or os.sep in module or "/" in module:
+    if _names_file(module):
         path = Path(module)
         if not path.is_absolute():
             path = (base or Path.cwd()) / path
         return path.resolve()
-    spec = importlib.util.find_spec(module) if _importable(module) else None
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
     return Path(spec.origin).resolve() if spec and spec.origin else None
 
 
-def _importable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
+def _names_file(module: str) -> bool:
+    """Whether the module part of an entry is a file path rather than a dotted module name."""
+    return module.endswith(".py") or os.sep in module or "/" in module
 
 
 def load_factory(entry: str, base: Path | None = None) -> Callable[..., Any]:
@@ -49,7 +50,7 @@ def load_factory(entry: str, base: Path | None = None) -> Callable[..., Any]:
     base = base or Path.cwd()
     if str(base) not in sys.path:
         sys.path.insert(0, str(base))
-    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+    if _names_file(module_name):
         path = entry_file(entry, base)
         if path is None or not path.is_file():
             raise EntryError(f"entry {entry!r}: no such file {module_name!r}")
