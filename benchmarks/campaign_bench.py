@@ -133,6 +133,7 @@ SCHED_SAFE = [
     ("sqrt_var_guarded", "log", 0),     # and the log of that std (>= 1e-3)
 ]
 SCHED_SAFE_BATCHES = [8, 16]
+SCHED_SAFE_SITES = len(SCHED_SAFE) * len(SCHED_SAFE_BATCHES)
 
 
 def scheduler_campaign() -> tuple[dict, dict[str, set], dict[str, set]]:
@@ -186,10 +187,10 @@ def scheduler_benefit(max_steps: int, quantum: int, tmp: Path) -> str:
             ex = CountingExecutor(LocalExecutor(worker_options(camp)))
             pick = _Picker(bugs, safe)
             ctl, seconds, _ = run_controller(camp, ex, tmp / f"{strategy}-{policy}", pick)
-            if (len(pick.bug_ids), len(pick.safe_ids)) != (len(SCHED_BUGS), 20):
+            if (len(pick.bug_ids), len(pick.safe_ids)) != (len(SCHED_BUGS), SCHED_SAFE_SITES):
                 raise SystemExit(f"the scheduler campaign has {len(pick.bug_ids)} bugs and "
-                                 f"{len(pick.safe_ids)} guarded sites, not {len(SCHED_BUGS)} and 20: "
-                                 "have the subjects changed?")
+                                 f"{len(pick.safe_ids)} guarded sites, not {len(SCHED_BUGS)} and "
+                                 f"{SCHED_SAFE_SITES}: have the subjects changed?")
             false_alarms = sorted(ctl.sites[i].site.label for i in pick.safe_ids if i in ex.found_at)
             if false_alarms:
                 raise SystemExit(f"guarded sites triggered: {false_alarms}")
@@ -211,8 +212,8 @@ def scheduler_benefit(max_steps: int, quantum: int, tmp: Path) -> str:
                     for s, r in ratios.items())
     bugs_text = ", ".join(f"`{t}` {op}" for t, op, _ in SCHED_BUGS)
     safe_text = ", ".join(f"`{t}` {op}{'#' + str(n) if n else ''}" for t, op, n in SCHED_SAFE)
-    return (f"### Scheduler benefit\n\nOne campaign of {len(SCHED_BUGS)} buggy and 20 guarded op sites, "
-            f"{max_steps} steps per site, quantum {quantum}, in one process (no Ray), default policy "
+    return (f"### Scheduler benefit\n\nOne campaign of {len(SCHED_BUGS)} buggy and {SCHED_SAFE_SITES} guarded "
+            f"op sites, {max_steps} steps per site, quantum {quantum}, in one process (no Ray), default policy "
             f"settings, steps counted campaign-wide in the order the controller received the quanta; a bug "
             f"never found would count as found once its whole budget was spent.\n\n"
             f"- Bugs ({bugs_text}): one per hazard family that grist finds within the budget (log, sqrt, "
@@ -229,7 +230,8 @@ def scheduler_benefit(max_steps: int, quantum: int, tmp: Path) -> str:
             f"clamp (1e-6, 1e-45): decoys no loss-based policy can tell from it early.\n"
             f"- Targets are listed by name, so bugs and guarded sites interleave; `vae_sqrt_var`, the bug "
             f"round-robin finds last, is last in that listing (round-robin's worst case: up to one round "
-            f"of 25 quanta less in another order; loss-slope's probe pass serves every site first).\n\n"
+            f"of {len(SCHED_BUGS) + SCHED_SAFE_SITES} quanta less in another order; loss-slope's probe pass "
+            f"serves every site first).\n\n"
             f"{text}\n{notes}\n")
 
 
