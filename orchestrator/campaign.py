@@ -50,9 +50,14 @@ class RunOutcome:
     findings: int
 
 
+def explicit_tracking_uri(campaign: Campaign, cli_uri: str | None) -> str | None:
+    """``--tracking-uri``, then ``tracking.uri``, then MLFLOW_TRACKING_URI; None if none is given."""
+    return cli_uri or campaign.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+
+
 def resolve_tracking_uri(campaign: Campaign, output_root: Path, cli_uri: str | None) -> str:
-    """``--tracking-uri``, then ``tracking.uri``, then MLFLOW_TRACKING_URI, then SQLite in the output."""
-    uri = cli_uri or campaign.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    """The URI given (:func:`explicit_tracking_uri`), else SQLite in the output."""
+    uri = explicit_tracking_uri(campaign, cli_uri)
     if uri:
         return uri
     return "sqlite:///" + (output_root.resolve() / "mlflow.db").as_posix()
@@ -97,7 +102,7 @@ def run_campaign(campaign: Campaign, path: Path, options: RunOptions = RunOption
         campaign, previous_run, previous = load_previous(resume_dir)
         path = Path((previous_run.get("campaign_file") or path))
     output = options.output or campaign.output
-    explicit_uri = options.tracking_uri or campaign.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    explicit_uri = explicit_tracking_uri(campaign, options.tracking_uri)
     check_cluster_settings(campaign, output, explicit_uri, path)
     root = resume_dir.parent if resume_dir is not None else Path(output)
     local = options.local or campaign.resources.num_actors == 0

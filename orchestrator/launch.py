@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RAY_ADDRESS"] = address     # cluster mode: no embedded Ray, absolute output, a tracking server
 
     try:
-        from orchestrator.campaign import RunOptions, run_campaign
+        from orchestrator.campaign import RunOptions, explicit_tracking_uri, run_campaign
         from orchestrator.config import ConfigError, load_campaign
     except ImportError as exc:   # ~/launch.py run by a Python without cdeepfuzz
         return _fail(f"cdeepfuzz is not installed in {sys.executable} ({exc}); "
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or default_output(cfg.output)
     if "://" not in output:
         output = str(Path(output).expanduser().resolve())
-    uri = args.tracking_uri or cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    uri = explicit_tracking_uri(cfg, args.tracking_uri)
     if cfg.tracking.enabled and not uri:
         return _fail(f"{path}: no MLflow server: give --tracking-uri, set tracking.uri in the campaign, or export "
                      f"MLFLOW_TRACKING_URI=http://<head>:5000 (deploy/cluster.yaml starts one on the head)")
