@@ -16,7 +16,7 @@ from fuzz_core.backends import detect_framework, load_backend
 from fuzz_core.backends.base import CheckResult, RunnerOptions
 from fuzz_core.findings import Finding, LoadedFinding
 from fuzz_core.loader import call_factory, load_factory
-from fuzz_core.search import Candidate, QuantumResult, SearchConfig, SiteSearch
+from fuzz_core.search import Candidate, QuantumResult, SearchConfig, SiteSearch, site_rng
 from fuzz_core.sites import OpSite
 
 log = logging.getLogger(__name__)
@@ -202,8 +202,7 @@ def _time_replay(runner, site: OpSite, values: dict[str, np.ndarray], state: dic
 def baseline_batch(runner, site: OpSite, seed: int) -> dict[str, np.ndarray]:
     """The batch a site's search started from, drawn again from the site's RNG (as SiteSearch does);
     for candidates that do not carry their original batch. Clipping to bounds is left to minimise."""
-    rng = np.random.default_rng([seed, int(site.id, 16) & 0xFFFFFFFF])
-    return dict(runner.sample(rng))
+    return dict(runner.sample(site_rng(seed, site.id)))
 
 
 def finding_from(runner, spec: TargetSpec, site: OpSite, config: SearchConfig, cand: Candidate,

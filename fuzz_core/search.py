@@ -93,6 +93,11 @@ def step_seed(seed: int, site_id: str, step: int) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
+def site_rng(seed: int, site_id: str) -> np.random.Generator:
+    """The RNG a site's search draws its batches from: campaign seed and site."""
+    return np.random.default_rng([seed, int(site_id, 16) & 0xFFFFFFFF])
+
+
 def suspect_loss(ev: Evaluation, spec: OpSpec) -> float:
     """The distance to the boundary that traces and the scheduler see: >= 0, 0 at the edge."""
     if not ev.seen:
@@ -115,7 +120,7 @@ class SiteSearch:
         self.config = config
         self.spec = DEFAULT_CATALOGUE[site.op]
         self.strategy = strategy or make_strategy(config.strategy)
-        self.rng = np.random.default_rng([config.seed, int(site.id, 16) & 0xFFFFFFFF])
+        self.rng = site_rng(config.seed, site.id)
         runner.reset()
         self.values: dict[str, np.ndarray] = dict(runner.sample(self.rng))
         if config.search_weights:
