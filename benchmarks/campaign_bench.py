@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 os.chdir(ROOT)
 
 from benchmarks._results import table, write_section  # noqa: E402
-from benchmarks.subjects import BUGGY  # noqa: E402
+from benchmarks.subjects import BUGGY, subject_entry  # noqa: E402
 
 TRANSFORMER = "benchmarks/targets/transformer_256.py:make_target"
 
@@ -106,10 +106,6 @@ def run_controller(camp, executor, run_dir: Path, select=None):
     return ctl, time.perf_counter() - t0, timings
 
 
-def _entry(name: str) -> str:
-    return f"campaigns/targets/{name}.py:make_target"
-
-
 # The scheduler campaign: 5 buggy and 20 guarded op sites, each picked by (target, op, n): the
 # n-th searched site of that op in the target, in discovery order (line numbers may move).
 # Bugs: one per hazard family that grist finds within the budget (log, sqrt, division, exp
@@ -143,12 +139,12 @@ def scheduler_campaign() -> tuple[dict, dict[str, set], dict[str, set]]:
     bugs: dict[str, set] = {}
     safe: dict[str, set] = {}
     for name, op, n in SCHED_BUGS:
-        targets[name] = (_entry(name), {})
+        targets[name] = (subject_entry(name), {})
         bugs.setdefault(name, set()).add((op, n))
     for name, op, n in SCHED_SAFE:
         for batch in SCHED_SAFE_BATCHES:
             tname = name if batch == 8 else f"{name}-b{batch}"
-            targets[tname] = (_entry(name), {"batch": batch})
+            targets[tname] = (subject_entry(name), {"batch": batch})
             safe.setdefault(tname, set()).add((op, n))
     return dict(sorted(targets.items())), bugs, safe
 

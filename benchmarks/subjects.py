@@ -11,14 +11,18 @@ TARGETS = Path(__file__).resolve().parent.parent / "campaigns" / "targets"
 GUARD_MARKS = ("guarded", "clamped")
 
 
+def subject_entry(name: str) -> str:
+    """The campaign entry of the subject ``name``."""
+    return f"campaigns/targets/{name}.py:make_target"
+
+
 def _entries(tf: bool) -> tuple[dict[str, str], dict[str, str]]:
     buggy, guarded = {}, {}
     for path in sorted(TARGETS.glob("*.py")):
         name = path.stem
         if name.startswith("_") or name.startswith("tf_") != tf:
             continue
-        entry = f"campaigns/targets/{path.name}:make_target"
-        (guarded if any(m in name for m in GUARD_MARKS) else buggy)[name] = entry
+        (guarded if any(m in name for m in GUARD_MARKS) else buggy)[name] = subject_entry(name)
     return buggy, guarded
 
 
