@@ -48,6 +48,15 @@ def build_runner(spec: TargetSpec, options: RunnerOptions = RunnerOptions()):
     return backend.make_runner(spec.name, target, options)
 
 
+DISCOVERY_SALT = 0x5EED        # the discovery batch's RNG: campaign seed and this salt
+
+
+def discover_sites(runner, seed: int) -> list[OpSite]:
+    """The op sites of one forward pass on the factory's state and the campaign's discovery batch."""
+    runner.reset()
+    return runner.discover(runner.sample(np.random.default_rng([seed, DISCOVERY_SALT])), seed)
+
+
 def confirm(runner, site: OpSite, inputs: dict[str, np.ndarray], state: dict | None, seed: int) -> CheckResult:
     """Replay on the factory's state (plus saved weights): does the same op go non-finite again?"""
     runner.reset()

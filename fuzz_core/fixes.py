@@ -378,15 +378,13 @@ def verify(runner, site: OpSite, loaded, guard: Guard, budget: int, strategy: st
 
 def _verify(runner, site: OpSite, loaded, budget: int, strategy: str, seed: int, search_weights: bool,
             progress: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
-    from fuzz_core.engine import confirm
+    from fuzz_core.engine import confirm, discover_sites
     from fuzz_core.search import SearchConfig, SiteSearch
 
     check = confirm(runner, site, loaded.inputs, loaded.state, int(loaded.report.get("step_seed", 0)))
     if check.event:
         return "not sufficient", _residual("the reproducer itself", check, 0, loaded.inputs, loaded.state)
-    runner.reset()
-    batch = runner.sample(np.random.default_rng([seed, 0x5EED]))
-    sites = [s for s in runner.discover(batch, seed) if s.searched]
+    sites = [s for s in discover_sites(runner, seed) if s.searched]
     sites.sort(key=lambda s: (s.op, s.location) != (site.op, site.location))    # the guarded op first
     config = SearchConfig(strategy, max(1, int(budget)), seed, search_weights)
     for s in sites:
