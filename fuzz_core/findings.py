@@ -90,10 +90,14 @@ class Finding:
         }
 
     def arrays(self) -> dict[str, np.ndarray]:
-        arrays = {"input." + k: np.asarray(v) for k, v in self.inputs.items()}
-        if self.state:
-            arrays.update({"state." + k: np.asarray(v) for k, v in self.state.items()})
-        return arrays
+        return value_arrays(self.inputs, self.state)
+
+
+def value_arrays(inputs: dict[str, Any], state: dict[str, Any] | None) -> dict[str, np.ndarray]:
+    """The safetensors layout of external values: ``input.<name>``, then ``state.<key>``."""
+    arrays = {"input." + k: np.asarray(v) for k, v in inputs.items()}
+    arrays.update({"state." + k: np.asarray(v) for k, v in (state or {}).items()})
+    return arrays
 
 
 def write_finding(finding: Finding, folder: Path, display: Path | None = None) -> Path:

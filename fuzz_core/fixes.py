@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from fuzz_core.findings import REPORT, load_finding, value_arrays
 from fuzz_core.io import atomic_save_arrays, atomic_write_json
 from fuzz_core.sites import OpSite
 
@@ -420,7 +421,6 @@ def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET,
     """Suggest guards for a finding, verify them in order, write the ``fix`` section; return it."""
     from fuzz_core.backends.base import RunnerOptions
     from fuzz_core.engine import TargetSpec, build_runner
-    from fuzz_core.findings import load_finding
 
     folder = Path(finding_folder)
     loaded = load_finding(folder)
@@ -487,18 +487,13 @@ def _saved(folder: Path, i: int, attempt: Attempt) -> dict[str, Any]:
     d = attempt.to_dict()
     res = d.get("residual")
     if res and "_values" in res:
-        values, state = res.pop("_values"), res.pop("_state")
-        arrays = {"input." + k: np.asarray(v) for k, v in values.items()}
-        arrays.update({"state." + k: np.asarray(v) for k, v in (state or {}).items()})
         name = f"fix-residual-{i}.safetensors"
-        atomic_save_arrays(folder / name, arrays)
+        atomic_save_arrays(folder / name, value_arrays(res.pop("_values"), res.pop("_state")))
         res["values"] = name
     return d
 
 
 def _write(folder: Path, report: dict[str, Any], section: dict[str, Any]) -> dict[str, Any]:
-    from fuzz_core.findings import REPORT
-
     report = dict(report)
     report["fix"] = section
     atomic_write_json(folder / REPORT, report)
