@@ -7,7 +7,7 @@ score really is updated (how far each sample's suspect loss moved).
 """
 from __future__ import annotations
 
-from fuzz_core.strategies.base import Strategy, note_reachability, refresh_samples, sign_step
+from fuzz_core.strategies.base import Strategy, importance, note_reachability, refresh_samples, sign_step
 
 STEP = 0.15
 REFRESH_EVERY = 100
@@ -22,7 +22,6 @@ class Grist(Strategy):
         note_reachability(s, ev)
         if ev.per_sample is not None:
             s.strategy_state["last_per_sample"] = ev.per_sample
-            from fuzz_core.strategies.base import importance
             importance(s, ev.per_sample)   # sets the reference at the first step after a refresh
         if ev.grads is not None:
             s.values = sign_step(s.values, ev.grads, STEP, s.bounds)
