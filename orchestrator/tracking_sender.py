@@ -151,13 +151,21 @@ class _Sender:
         """The MLflow run id of ``key`` in ``rec``'s session, if it was created here."""
         return self.run_ids.get((rec["session"], key)) if key is not None else None
 
+    def _run_id_of(self, rec: Record) -> str | None:
+        """The run id of ``rec``'s key: mapped here, else the one its spool line carries."""
+        return self.known(rec, rec["key"]) or rec.get("run_id")
+
+    def _parent_run_id_of(self, rec: Record) -> str | None:
+        """The run id of ``rec``'s parent key: mapped here, else the one its spool line carries."""
+        return self.known(rec, rec.get("parent_key")) or rec.get("parent_run_id")
+
+    def _bind(self, rec: Record, rid: str) -> None:
+        """Map ``rec``'s key (in its session) to MLflow run ``rid``."""
+        self.run_ids[(rec["session"], rec["key"])] = rid
+
     def annotate(self, rec: Record) -> Record:
         """``rec`` with the run ids known now, so that a replay elsewhere can address them."""
-        return {
-            **rec,
-            "run_id": self.known(rec, rec["key"]) or rec.get("run_id"),
-            "parent_run_id": self.known(rec, rec.get("parent_key")) or rec.get("parent_run_id"),
-        }
+        return {**rec, "run_id": self._run_id_of(rec), "parent_run_id": self._parent_run_id_of(rec)}
 
     def _experiment_id(self, name: str) -> str:
         if name not in self._experiments:
@@ -177,7 +185,7 @@ class _Sender:
         return self._experiments[name]
 
     def _rid(self, rec: Record) -> str:
-        rid = self.known(rec, rec["key"]) or rec.get("run_id")
+        rid = self._run_id_of(rec)
         if not rid:
             raise _Permanent(f"no MLflow run for key {rec['key']!r} (its start was lost)")
         return rid
@@ -197,16 +205,16 @@ class _Sender:
     def _create(self, rec: Record, tags: Mapping[str, str]) -> str:
         eid = self._experiment_id(rec["experiment"])
         run = self.client.create_run(eid, rec["ts"], dict(tags), rec["args"]["run_name"])
-        self.run_ids[(rec["session"], rec["key"])] = run.info.run_id
+        self._bind(rec, run.info.run_id)
         return run.info.run_id
 
     def _do_start_campaign(self, rec: Record, args: Record) -> None:
-        rid = self.known(rec, rec["key"]) or rec.get("run_id") or args.get("resume_run_id")
+        rid = self._run_id_of(rec) or args.get("resume_run_id")
         existing = self._resume(rid) if rid else None
         if rid is None or existing is None:
             rid, existing = self._create(rec, args["tags"]), {}
         else:
-            self.run_ids[(rec["session"], rec["key"])] = rid
+            self._bind(rec, rid)
             self._log_batch(rid, tags=args["tags"])
         params = args["params"]
         changed = sorted(k for k, v in params.items() if existing.get(k, v) != v)
@@ -215,15 +223,15 @@ class _Sender:
         self._log_batch(rid, params={k: v for k, v in params.items() if k not in existing})
 
     def _do_start_site(self, rec: Record, args: Record) -> None:
-        rid = self.known(rec, rec["key"]) or rec.get("run_id")
+        rid = self._run_id_of(rec)
         if rid:  # created before the spool line was written
-            self.run_ids[(rec["session"], rec["key"])] = rid
+            self._bind(rec, rid)
             return
         resume = args.get("resume_run_id")
         if resume and self._resume(resume) is not None:
-            self.run_ids[(rec["session"], rec["key"])] = resume
+            self._bind(rec, resume)
             return
-        parent = self.known(rec, rec.get("parent_key")) or rec.get("parent_run_id")
+        parent = self._parent_run_id_of(rec)
         if not parent:
             log.warning("tracking: site %r has no campaign run; logged at top level", rec["key"])
         self._create(rec, {**args["tags"], **({PARENT_TAG: parent} if parent else {})})
