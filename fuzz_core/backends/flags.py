@@ -7,21 +7,42 @@ hazard, or a non-finite program output; an intended -inf mask is not an event).
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 from fuzz_core.backends.base import OpRef
+from fuzz_core.sites import OpSite, make_site
+
+if TYPE_CHECKING:
+    from fuzz_core.catalogue import OpSpec
 
 NOT_SEARCHED = -1   # Call.in_ok of a recorded-only (stable) op
 ALWAYS_OK = -3      # Call.in_ok of an op with no floating-point input
 IN_OK = -2          # flag_ops index of an "inputs finite" flag
 
 
+@dataclass
+class Call:
+    """One call of a catalogued op in a pass (the TensorFlow recorders add fields of their own)."""
+
+    spec: OpSpec
+    kind: str
+    location: str
+    occurrence: int
+    inputs: list
+    flag: int          # index of this call's output flag in FlagBook.flags
+    in_ok: int = NOT_SEARCHED   # index of the "inputs finite" flag; NOT_SEARCHED or ALWAYS_OK
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """What identifies the call's site inside one pass (``OpSite.key``)."""
+        return (self.spec.name, self.location, self.occurrence)
+
+
 class FlagBook:
     """The flags of one pass, in execution order. Recorders fill ``calls``, ``flags`` and ``flag_ops``.
 
-    A call (of a catalogued op) has ``spec``, ``kind``, ``location``, ``occurrence``, ``flag``
-    (index of its output flag) and ``in_ok`` (index of its inputs-finite flag, or
-    NOT_SEARCHED / ALWAYS_OK).
+    Each call is a :class:`Call`.
     """
 
     def __init__(self) -> None:
@@ -36,9 +57,23 @@ class FlagBook:
 
     def find(self, key: tuple[str, str, int]):
         for call in self.calls:
-            if (call.spec.name, call.location, call.occurrence) == key:
+            if call.key == key:
                 return call
         return None
+
+    def sites(self, target: str, hazardous: Callable[[Any], bool]) -> list[OpSite]:
+        """The pass's sites in execution order, one per key: every call of a recorded-only op,
+        and each call of a searched op for which ``hazardous(call)`` holds."""
+        sites, seen = [], set()
+        for call in self.calls:
+            if call.key in seen:
+                continue
+            if call.spec.searched and not hazardous(call):
+                continue          # no hazard in this call (x ** 2, x / 2.0)
+            seen.add(call.key)
+            sites.append(make_site(target, call.spec.name, call.kind, call.spec.hazard, call.location,
+                                   call.occurrence, call.spec.searched))
+        return sites
 
     def first_event(self, values: list[bool], outputs_bad: bool, program_location: str) -> OpRef | None:
         """The first op whose output went non-finite by its own doing."""
@@ -62,3 +97,7 @@ class FlagBook:
             return False
         inputs_ok = call.in_ok == ALWAYS_OK or bool(values[call.in_ok])
         return bool(values[call.flag]) and inputs_ok
+
+    def triggered_sites(self, values: list[bool]) -> dict[tuple[str, str, int], bool]:
+        """Each searched call's key -> whether its own hazard fired (the check-only detector)."""
+        return {call.key: self.triggered(values, call) for call in self.calls if call.spec.searched}

@@ -38,7 +38,7 @@ from fuzz_core.backends.tf_common import (
 from fuzz_core.backends.tf_graph import GraphRunner
 from fuzz_core.backends.tf_recorder import XP, EagerRecorder, np_dtype
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue
-from fuzz_core.sites import OpSite, make_site, relative_path
+from fuzz_core.sites import OpSite, relative_path
 from fuzz_core.target import GraphTarget, Target, TargetError
 
 _SEED_STATE = "seed_generator_state"
@@ -246,17 +246,7 @@ class EagerRunner(TargetBatches):
                     if t.dtype.is_floating:
                         tape.watch(t)
                 recorder, _ = self._forward(tensors, seed, locate_all=False, track_constants=True)
-        sites, seen = [], set()
-        for call in recorder.calls:
-            key = (call.spec.name, call.location, call.occurrence)
-            if key in seen:
-                continue
-            if call.spec.searched and call.spec.margins(call.scalar_inputs(), XP) is None:
-                continue          # no hazard in this call (x ** 2, x / 2.0)
-            seen.add(key)
-            sites.append(make_site(self.name, call.spec.name, call.kind, call.spec.hazard, call.location,
-                                   call.occurrence, call.spec.searched))
-        return sites
+        return recorder.sites(self.name, lambda call: call.spec.margins(call.scalar_inputs(), XP) is not None)
 
     def _program_location(self) -> str:
         code = getattr(self.target.program, "__code__", None)
@@ -274,9 +264,8 @@ class EagerRunner(TargetBatches):
             flags = recorder.resolve([_outputs_nonfinite(out)])
         loss = program_loss(out)
         first = recorder.first_event(flags, flags[-1], self._program_location())
-        triggered = {(c.spec.name, c.location, c.occurrence): recorder.triggered(flags, c)
-                     for c in recorder.calls if c.spec.searched}
-        return CheckResult(first is not None, first, triggered, _scalar(loss) if loss is not None else float("nan"))
+        return CheckResult(first is not None, first, recorder.triggered_sites(flags),
+                           _scalar(loss) if loss is not None else float("nan"))
 
     def evaluate(self, values: dict[str, np.ndarray], site: OpSite, *, grad: bool = True,
                  train: bool = False, seed: int = 0) -> Evaluation:

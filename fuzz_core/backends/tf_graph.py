@@ -33,7 +33,7 @@ from fuzz_core.backends.tf_recorder import (
     branch_graphs, graph_flag, traceback_location, walk,
 )
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue
-from fuzz_core.sites import OpSite, make_site
+from fuzz_core.sites import OpSite
 from fuzz_core.target import GraphTarget, TargetError
 
 _SOURCES = ("Placeholder", "PlaceholderWithDefault", "VarHandleOp", "VariableV2", "Variable")
@@ -246,7 +246,7 @@ class GraphRunner(TargetBatches):
         return self._site_fetches_for(call) if call is not None else None
 
     def _site_fetches_for(self, call: Call) -> dict | None:
-        key = (call.spec.name, call.location, call.occurrence)
+        key = call.key
         if key not in self._site_cache:
             fetches = None
             with self.graph.as_default(), tf.compat.v1.name_scope("cdeepfuzz/site/"):
@@ -341,17 +341,7 @@ class GraphRunner(TargetBatches):
         book = self._instrument()
         seed_everything(seed)
         self.session.run(self.loss, feed_dict=self._feed(batch))   # the program runs as given
-        sites, seen = [], set()
-        for call in book.calls:
-            key = (call.spec.name, call.location, call.occurrence)
-            if key in seen:
-                continue
-            if call.spec.searched and self._site_fetches_for(call) is None:
-                continue          # no hazard in this call (x ** 2, x / 2.0)
-            seen.add(key)
-            sites.append(make_site(self.name, call.spec.name, call.kind, call.spec.hazard, call.location,
-                                   call.occurrence, call.spec.searched))
-        return sites
+        return book.sites(self.name, lambda call: self._site_fetches_for(call) is not None)
 
     def check(self, values: dict[str, np.ndarray], seed: int) -> CheckResult:
         book = self._instrument()
@@ -360,9 +350,7 @@ class GraphRunner(TargetBatches):
                                                 feed_dict=self._feed(values))
         flags = [bool(f) for f in flags] + [bool(out_bad)]
         first = book.first_event(flags, flags[-1], traceback_location(self.loss.op))
-        triggered = {(c.spec.name, c.location, c.occurrence): book.triggered(flags, c)
-                     for c in book.calls if c.spec.searched}
-        return CheckResult(first is not None, first, triggered, _scalar(loss))
+        return CheckResult(first is not None, first, book.triggered_sites(flags), _scalar(loss))
 
     def evaluate(self, values: dict[str, np.ndarray], site: OpSite, *, grad: bool = True,
                  train: bool = False, seed: int = 0) -> Evaluation:

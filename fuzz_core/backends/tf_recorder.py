@@ -34,7 +34,8 @@ from tensorflow.python.eager import context as tf_context
 from tensorflow.python.eager import record
 
 from fuzz_core.backends.flags import ALWAYS_OK, NOT_SEARCHED, FlagBook
-from fuzz_core.catalogue import Catalogue, OpSpec
+from fuzz_core.backends.flags import Call as BaseCall
+from fuzz_core.catalogue import Catalogue
 from fuzz_core.sites import CallerLocator, relative_path
 
 
@@ -271,14 +272,9 @@ def graph_flag(tensors, *, nan_only: bool, negate: bool = False):
 # ---- the eager recorder --------------------------------------------------------------
 
 @dataclass
-class Call:
-    spec: OpSpec
-    kind: str
-    location: str
-    occurrence: int
-    inputs: list
-    flag: int          # index of this call's flag in Recorder.flags
-    in_ok: int = NOT_SEARCHED
+class Call(BaseCall):
+    """A recorded call, with what the TensorFlow runners add (branch, outputs, constant scalars)."""
+
     seen: Any = True   # graph sites in a branch: a bool tensor (the branch ran)
     outputs: list = field(default_factory=list)
     constants: dict = field(default_factory=dict)   # input position -> Python number (a constant scalar)

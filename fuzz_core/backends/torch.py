@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_leaves
 from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches, collect_grads
 from fuzz_core.backends.torch_recorder import LOCATOR, Recorder, RecordingMode
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue, log_floor
-from fuzz_core.sites import OpSite, make_site
+from fuzz_core.sites import OpSite
 from fuzz_core.target import Target, TargetError
 
 LOG_TAU = 0.5   # soft-minimum temperature of log-space losses (nats)
@@ -246,17 +246,7 @@ class TorchRunner(TargetBatches):
     def discover(self, batch: dict[str, np.ndarray], seed: int) -> list[OpSite]:
         tensors, _ = self._tensors(batch, grad=False)
         recorder, _ = self._forward(tensors, seed, locate_all=False)
-        sites, seen = [], set()
-        for call in recorder.calls:
-            key = (call.spec.name, call.location, call.occurrence)
-            if key in seen:
-                continue
-            if call.spec.searched and call.spec.margins(call.inputs, XP) is None:
-                continue          # no hazard in this call (x ** 2, x / 2.0)
-            seen.add(key)
-            sites.append(make_site(self.name, call.spec.name, call.kind, call.spec.hazard, call.location,
-                                   call.occurrence, call.spec.searched))
-        return sites
+        return recorder.sites(self.name, lambda call: call.spec.margins(call.inputs, XP) is not None)
 
     def check(self, values: dict[str, np.ndarray], seed: int) -> CheckResult:
         """The check-only detector: run the unmodified program once, name the first bad op."""
@@ -266,9 +256,7 @@ class TorchRunner(TargetBatches):
             flags = recorder.resolve([_outputs_nonfinite(out)])
         loss = program_loss(out)
         first = recorder.first_event(flags, flags[-1], LOCATOR.locate(1))
-        triggered = {(c.spec.name, c.location, c.occurrence): recorder.triggered(flags, c)
-                     for c in recorder.calls if c.spec.searched}
-        return CheckResult(first is not None, first, triggered,
+        return CheckResult(first is not None, first, recorder.triggered_sites(flags),
                            float(loss.detach().float().mean()) if loss is not None else float("nan"))
 
     def evaluate(self, values: dict[str, np.ndarray], site: OpSite, *, grad: bool = True,

@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from fuzz_core.backends.flags import ALWAYS_OK, NOT_SEARCHED, FlagBook
+from fuzz_core.backends.flags import ALWAYS_OK, NOT_SEARCHED, Call, FlagBook
 from fuzz_core.catalogue import Catalogue, OpSpec
 from fuzz_core.sites import CallerLocator
 
@@ -39,19 +39,6 @@ LOCATOR = CallerLocator((_TORCH_DIR,))
 # Ops whose non-finite output is intended or is a pure copy: never an origin.
 _PASS_THROUGH = {"detach", "alias", "clone", "copy_", "_to_copy", "lift_fresh", "empty", "empty_like",
                  "empty_strided", "new_empty", "new_empty_strided"}
-
-
-
-
-@dataclass
-class Call:
-    spec: OpSpec
-    kind: str
-    location: str
-    occurrence: int
-    inputs: list
-    flag: int          # index of this call's flag in Recorder.flags
-    in_ok: int = -1    # index of the "inputs finite" flag; NOT_SEARCHED or ALWAYS_OK
 
 
 @dataclass
