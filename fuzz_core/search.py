@@ -19,8 +19,7 @@ from fuzz_core.backends.base import WEIGHT_PREFIX, Evaluation, OpRef, Runner
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, OpSpec
 from fuzz_core.sites import OpSite
 from fuzz_core.status import SiteStatus
-
-STRATEGIES = ("adaptive", "grist", "random")
+from fuzz_core.strategies import STRATEGIES, make_strategy
 
 
 @dataclass(frozen=True)
@@ -113,8 +112,6 @@ class SiteSearch:
     """The state and budget of the search for one site, driven by a strategy."""
 
     def __init__(self, runner: Runner, site: OpSite, config: SearchConfig, strategy: Any = None) -> None:
-        from fuzz_core.strategies import make_strategy
-
         self.runner = runner
         self.site = site
         self.config = config

@@ -7,6 +7,7 @@ from fuzz_core.strategies.grist import Grist
 from fuzz_core.strategies.random import RandomInputs
 
 _REGISTRY: dict[str, type[Strategy]] = {"adaptive": Adaptive, "grist": Grist, "random": RandomInputs}
+STRATEGIES = tuple(_REGISTRY)   # the names a campaign may ask for
 
 
 def make_strategy(name: str) -> Strategy:
@@ -16,4 +17,4 @@ def make_strategy(name: str) -> Strategy:
         raise ValueError(f"unknown strategy {name!r}; expected one of {sorted(_REGISTRY)}") from None
 
 
-__all__ = ["Adaptive", "Grist", "RandomInputs", "Strategy", "make_strategy"]
+__all__ = ["STRATEGIES", "Adaptive", "Grist", "RandomInputs", "Strategy", "make_strategy"]
