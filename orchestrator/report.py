@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from fuzz_core.io import read_json
+from fuzz_core.io import atomic_write_bytes, read_json
 
 log = logging.getLogger(__name__)
 
@@ -383,9 +383,7 @@ def write_report(run_dir: Path) -> Path:
     labels = {s["id"]: _site_name(s) for s in sites}
     allocation = "allocation.png" if allocation_chart(plt, data, labels, out / "allocation.png") else None
     page = out / INDEX
-    tmp = page.with_name(f".{INDEX}.tmp")
-    tmp.write_text(render_html(data, sites, charts, allocation), encoding="utf-8")
-    tmp.replace(page)
+    atomic_write_bytes(page, render_html(data, sites, charts, allocation).encode("utf-8"))
     return page
 
 
