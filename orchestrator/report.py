@@ -199,6 +199,13 @@ def site_chart(fig, site: dict[str, Any], trace: SiteTrace | None, path: Path) -
     fig.savefig(path)
 
 
+def _step_series(ax, series: dict[str, list[tuple[float, int]]], labels: dict[str, str]) -> None:
+    """One post-step line per site, labelled with its (shortened) name."""
+    for site, pts in series.items():
+        xs, ys = zip(*pts)
+        ax.step(xs, ys, where="post", lw=1, label=_short(labels.get(site, site), 40))
+
+
 def allocation_chart(plt, data: RunData, labels: dict[str, str], path: Path) -> bool:
     """Cumulative steps per site against seconds since the first shard (and the scheduler's grants)."""
     if not data.shards and not data.allocation:
@@ -211,9 +218,7 @@ def allocation_chart(plt, data: RunData, labels: dict[str, str], path: Path) -> 
         series: dict[str, list[tuple[float, int]]] = {}
         for t, site, step in data.shards:
             series.setdefault(site, [(0.0, 0)]).append((t - t0, step))
-        for site, pts in series.items():
-            xs, ys = zip(*pts)
-            ax.step(xs, ys, where="post", lw=1, label=_short(labels.get(site, site), 40))
+        _step_series(ax, series, labels)
         ax.set_xlabel("seconds since the first quantum ended (trace shard written)")
         ax.set_ylabel("cumulative steps of the site")
         ax.set_title("budget spent per site over time (from the traces)", fontsize=9)
@@ -225,9 +230,7 @@ def allocation_chart(plt, data: RunData, labels: dict[str, str], path: Path) -> 
         for a in data.allocation:
             pts = granted.setdefault(a["site_id"], [(0, 0)])
             pts.append((int(a["total"]), pts[-1][1] + int(a["steps"])))
-        for site, pts in granted.items():
-            xs, ys = zip(*pts)
-            ax2.step(xs, ys, where="post", lw=1, label=_short(labels.get(site, site), 40))
+        _step_series(ax2, granted, labels)
         ax2.set_xlabel("steps granted in the whole campaign")
         ax2.set_ylabel("steps granted to the site")
         ax2.set_title("scheduler grants (allocation.json)", fontsize=9)
