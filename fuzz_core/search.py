@@ -137,6 +137,7 @@ class SiteSearch:
         self._end = 0
         self._t0 = 0.0
         self.candidate: Candidate | None = None
+        self._parked: dict[str, np.ndarray] | None = None   # model state kept aside by park()
 
     # -- what strategies use ------------------------------------------------------------
     @property
@@ -188,10 +189,13 @@ class SiteSearch:
             values.update(ev.weights)
         return ev
 
+    def _changed_state(self) -> dict[str, np.ndarray] | None:
+        """The runner's model state when it is no longer the factory's (trained or searched)."""
+        return self.runner.get_state() if (self.trained or self.config.search_weights) else None
+
     def _candidate(self, values: dict[str, np.ndarray], ev: Evaluation, seed: int) -> Candidate:
         batch = {k: np.array(v) for k, v in values.items() if not k.startswith(WEIGHT_PREFIX)}
-        changed = self.trained or self.config.search_weights
-        return Candidate(batch, self.runner.get_state() if changed else None, self.step, seed, ev.first_op,
+        return Candidate(batch, self._changed_state(), self.step, seed, ev.first_op,
                          self.trained, self.config.search_weights, dict(self.bounds))
 
     # -- running a quantum --------------------------------------------------------------
@@ -225,14 +229,13 @@ class SiteSearch:
     # -- sharing a runner between sites ------------------------------------------------
     def park(self) -> None:
         """Keep this site's model state aside: another site may use the runner next."""
-        self._parked = self.runner.get_state() if (self.trained or self.config.search_weights) else None
+        self._parked = self._changed_state()
 
     def resume(self) -> None:
         """Give the runner back this site's model state (the factory's, if it never changed)."""
         self.runner.reset()
-        parked = getattr(self, "_parked", None)
-        if parked:
-            self.runner.set_state(parked)
+        if self._parked:
+            self.runner.set_state(self._parked)
         # the cached evaluation stays valid: the runner is back in the state it was made in
 
     # -- checkpoints --------------------------------------------------------------------
