@@ -13,9 +13,11 @@ def find_tracking_uri(cli_uri: str | None, cwd: Path | None = None) -> str | Non
         return os.environ["MLFLOW_TRACKING_URI"]
     import json
 
+    from orchestrator.summary import FILENAME
+
     cwd = cwd or Path.cwd()
     newest, uri = -1.0, None
-    for summary in cwd.glob("**/summary.json"):
+    for summary in cwd.glob(f"**/{FILENAME}"):
         try:
             mtime = summary.stat().st_mtime
             if mtime > newest:

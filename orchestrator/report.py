@@ -31,12 +31,12 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from fuzz_core.io import atomic_write_bytes, read_json
+from orchestrator.summary import FILENAME as SUMMARY
 
 log = logging.getLogger(__name__)
 
 REPORT_DIR = "report"
 INDEX = "index.html"
-SUMMARY = "summary.json"
 ALLOCATION = "allocation.json"
 CHART_SIZE = (3.4, 2.1)     # inches, per site
 CHART_DPI = 72

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from fuzz_core.findings import REPORT
 from fuzz_core.io import read_json
+from orchestrator.summary import FILENAME as SUMMARY
 
 
 class TriageState(str, Enum):
@@ -100,10 +101,10 @@ def _from_folder(folder: Path, tracking_uri: str | None, cwd: Path | None) -> tu
 
 
 def _summary(run_dir: Path | None) -> dict:
-    if run_dir is None or not (run_dir / "summary.json").is_file():
+    if run_dir is None or not (run_dir / SUMMARY).is_file():
         return {}
     try:
-        return read_json(run_dir / "summary.json")
+        return read_json(run_dir / SUMMARY)
     except (OSError, ValueError):
         return {}
 
