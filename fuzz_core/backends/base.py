@@ -15,6 +15,7 @@ import numpy as np
 from fuzz_core.sites import OpSite
 
 WEIGHT_PREFIX = "weight:"
+LOG_TAU = 0.5   # soft-minimum temperature of log-space losses (nats)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,14 @@ def default_bounds(runner: "Runner", batch: dict[str, np.ndarray]) -> dict[str, 
             scale = runner.options.weight_range * (float(np.abs(w).max()) or 1.0)
             out[name] = (-scale, scale)
     return out
+
+
+def batch_size(values: dict[str, np.ndarray]) -> int:
+    """The batch dimension (dim 0) of the first input among ``values``; 1 when there is none."""
+    for name, v in values.items():
+        if not name.startswith(WEIGHT_PREFIX):
+            return int(np.shape(v)[0])
+    return 1
 
 
 def collect_grads(names: list[str], targets: list, grads: list,

@@ -30,9 +30,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import op_callbacks
 
-from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches
+from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches, batch_size
 from fuzz_core.backends.tf_common import (
-    _batch_size, _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown,
+    _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown,
     seed_everything,
 )
 from fuzz_core.backends.tf_graph import GraphRunner
@@ -264,8 +264,7 @@ class EagerRunner(TargetBatches):
             flags = recorder.resolve([_outputs_nonfinite(out)])
         loss = program_loss(out)
         first = recorder.first_event(flags, flags[-1], self._program_location())
-        return CheckResult(first is not None, first, recorder.triggered_sites(flags),
-                           _scalar(loss) if loss is not None else float("nan"))
+        return CheckResult(first is not None, first, recorder.triggered_sites(flags), _scalar(loss))
 
     def evaluate(self, values: dict[str, np.ndarray], site: OpSite, *, grad: bool = True,
                  train: bool = False, seed: int = 0) -> Evaluation:
@@ -289,7 +288,7 @@ class EagerRunner(TargetBatches):
                 ev = Evaluation(seen=margin is not None, hard=math.inf, log_loss=math.inf,
                                 triggered=call is not None and recorder.triggered(flags, call),
                                 event=first is not None, first_op=first, program_loss=_scalar(loss))
-                scored = self._stats(ev, margin, _batch_size(values)) if margin is not None else None
+                scored = self._stats(ev, margin, batch_size(values)) if margin is not None else None
                 mean_loss = tf.reduce_mean(loss) if own_step and not ev.event and loss is not None else None
             if scored is not None and grad and not ev.triggered and tape is not None:
                 hard, log_loss = scored

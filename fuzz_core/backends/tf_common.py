@@ -19,12 +19,11 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context as tf_context
 
-from fuzz_core.backends.base import WEIGHT_PREFIX, collect_grads
+from fuzz_core.backends.base import LOG_TAU, collect_grads
 from fuzz_core.backends.tf_recorder import np_dtype, tiny_of
 from fuzz_core.catalogue import log_floor
 
 log = logging.getLogger(__name__)
-LOG_TAU = 0.5   # soft-minimum temperature of log-space losses (nats), as the torch backend
 
 
 def _configure_threads() -> None:
@@ -94,13 +93,6 @@ def _scalar(value) -> float:
         return float("nan")
     arr = np.asarray(value.numpy() if tf.is_tensor(value) else value, dtype=np.float64)
     return float(arr.mean()) if arr.size else float("nan")
-
-
-def _batch_size(values: dict[str, np.ndarray]) -> int:
-    for name, v in values.items():
-        if not name.startswith(WEIGHT_PREFIX):
-            return int(np.shape(v)[0])
-    return 1
 
 
 def _to_numpy_grad(g) -> np.ndarray:

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches
+from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches, batch_size
 from fuzz_core.backends.tf_common import (
-    _batch_size, _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown,
+    _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown,
     seed_everything,
 )
 from fuzz_core.backends.tf_recorder import (
@@ -380,7 +380,7 @@ class GraphRunner(TargetBatches):
         if seen:
             s = res["site"]
             ev.hard, ev.log_loss = float(s["hard"]), float(s["log_loss"])
-            n = _batch_size(values)
+            n = batch_size(values)
             if "rows" in s and len(s["rows"]) == n and n > 1:
                 ev.per_sample = np.asarray(s["rows"], dtype=np.float64)
             if "grads" in res and not ev.triggered:

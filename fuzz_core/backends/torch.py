@@ -14,13 +14,13 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_leaves
 
-from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches, collect_grads
+from fuzz_core.backends.base import (
+    LOG_TAU, WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches, batch_size, collect_grads,
+)
 from fuzz_core.backends.torch_recorder import LOCATOR, Recorder, RecordingMode
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue, log_floor
 from fuzz_core.sites import OpSite
 from fuzz_core.target import Target, TargetError
-
-LOG_TAU = 0.5   # soft-minimum temperature of log-space losses (nats)
 
 
 class TorchXP:
@@ -256,8 +256,7 @@ class TorchRunner(TargetBatches):
             flags = recorder.resolve([_outputs_nonfinite(out)])
         loss = program_loss(out)
         first = recorder.first_event(flags, flags[-1], LOCATOR.locate(1))
-        return CheckResult(first is not None, first, recorder.triggered_sites(flags),
-                           float(loss.detach().float().mean()) if loss is not None else float("nan"))
+        return CheckResult(first is not None, first, recorder.triggered_sites(flags), _scalar(loss))
 
     def evaluate(self, values: dict[str, np.ndarray], site: OpSite, *, grad: bool = True,
                  train: bool = False, seed: int = 0) -> Evaluation:
@@ -276,7 +275,7 @@ class TorchRunner(TargetBatches):
                         event=first is not None, first_op=first, program_loss=_scalar(loss))
         if margin is not None:
             self._score(ev, margin, call.spec.log_space, grad and not ev.triggered, leaves,
-                        retain=train, batch_size=_batch_size(values))
+                        retain=train, batch_size=batch_size(values))
         if train and not ev.event and loss is not None:
             self._train(batch, loss, ev, seed)
         return ev
@@ -343,13 +342,6 @@ def _scalar(t: torch.Tensor | None) -> float:
     if t is None:
         return float("nan")
     return float(t.detach().float().mean())
-
-
-def _batch_size(values: dict[str, np.ndarray]) -> int:
-    for name, v in values.items():
-        if not name.startswith(WEIGHT_PREFIX):
-            return int(np.shape(v)[0])
-    return 1
 
 
 def make_runner(name: str, target: Any, options: RunnerOptions) -> TorchRunner:
