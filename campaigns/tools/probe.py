@@ -44,7 +44,7 @@ TARGETS_DIR = os.path.join("campaigns", "targets")
 UNINITIALISED = ("empty", "new_empty", "resize", "set_")   # their outputs hold garbage, maybe NaN bits
 
 
-def margin(name: str, args: tuple, log_space: bool) -> torch.Tensor | None:
+def margin(name: str, args: tuple) -> torch.Tensor | None:
     """Elementwise distance to the edge of the domain (<= 0 outside), or None."""
     if name == "pow":
         base, e = args[0], args[1]
@@ -174,8 +174,19 @@ def run(target, batch: dict, step_seed: int = 0):
     probe = Probe()
     with probe:
         res = target.program(batch)
-    loss = res[0] if isinstance(res, (tuple, list)) else res["loss"] if isinstance(res, dict) else res
-    return probe, loss, res
+    return probe, _loss(res), res
+
+
+def _loss(res):
+    """The loss of a program's return value: the first of a tuple, ``res["loss"]``, or itself."""
+    return res[0] if isinstance(res, (tuple, list)) else res["loss"] if isinstance(res, dict) else res
+
+
+def _uniform_within_bounds(target, b: dict, rng: np.random.Generator) -> None:
+    """Replace every searched input of ``b`` by values drawn uniformly within its bounds."""
+    for k in target.search:
+        lo, hi = target.bounds[k]
+        b[k] = rng.uniform(lo, hi, size=np.shape(b[k])).astype(np.float32)
 
 
 def random_check(target, n: int = 200, seed: int = 1) -> tuple[int, int, list]:
@@ -189,9 +200,7 @@ def random_check(target, n: int = 200, seed: int = 1) -> tuple[int, int, list]:
             if probe.events:
                 hits_s += 1
                 events += probe.events[:1]
-            for k in target.search:
-                lo, hi = target.bounds[k]
-                b[k] = rng.uniform(lo, hi, size=np.shape(b[k])).astype(np.float32)
+            _uniform_within_bounds(target, b, rng)
             probe, _, _ = run(target, to_torch(b, ()), i)
             if probe.events:
                 hits_u += 1
@@ -207,9 +216,7 @@ def train_random_check(path: str, n: int = 200, seed: int = 0, uniform: bool = F
     for step in range(n):
         b = target.sample(rng)
         if uniform:
-            for k in target.search:
-                lo, hi = target.bounds[k]
-                b[k] = rng.uniform(lo, hi, size=np.shape(b[k])).astype(np.float32)
+            _uniform_within_bounds(target, b, rng)
         batch = to_torch(b, ())
         probe, _, _ = run(target, batch, step)
         if probe.events:
@@ -225,9 +232,7 @@ def train_step(target, batch: dict, step_seed: int):
     elif target.optimizer is not None:
         torch.manual_seed(step_seed)
         target.optimizer.zero_grad()
-        res = target.program({k: v.detach() for k, v in batch.items()})
-        loss = res[0] if isinstance(res, (tuple, list)) else res["loss"] if isinstance(res, dict) else res
-        loss.backward()
+        _loss(target.program({k: v.detach() for k, v in batch.items()})).backward()
         target.optimizer.step()
 
 
@@ -246,11 +251,12 @@ def search_site(path: str, key: tuple, steps: int, train: bool, lr_frac: float =
             return step, probe.events, best
         calls = [c for c in probe.calls if c.key == key]
         if calls:
-            m = margin(calls[0].name, calls[0].args, calls[0].log_space)
+            m = margin(calls[0].name, calls[0].args)
             sl = search_loss(m, calls[0].log_space, soft=True)
-            best = min(best, float(search_loss(m.detach(), calls[0].log_space)))
+            hard = float(search_loss(m.detach(), calls[0].log_space))
+            best = min(best, hard)
             if verbose and step % 20 == 0:
-                print(f"    step {step}: margin {float(search_loss(m.detach(), calls[0].log_space)):.4g}"
+                print(f"    step {step}: margin {hard:.4g}"
                       f" loss {float(loss.detach()):.4g}")
             grads = torch.autograd.grad(sl, leaves, allow_unused=True)
         else:
@@ -291,11 +297,14 @@ def main(argv=None):
                   f" {train_random_check(a.path, a.n_random, uniform=True)} (uniform)")
     seen = []
     for c in probe.calls:
-        if c.key in seen or margin(c.name, c.args, c.log_space) is None:
+        if c.key in seen:
+            continue
+        m = margin(c.name, c.args)
+        if m is None:
             continue
         seen.append(c.key)
         step, events, best = search_site(a.path, c.key, a.steps, train=not a.frozen, lr_frac=a.lr, verbose=a.verbose)
-        print(f"  site {c.key}: start {float(search_loss(margin(c.name, c.args, c.log_space).detach(), c.log_space)):.4g}"
+        print(f"  site {c.key}: start {float(search_loss(m.detach(), c.log_space)):.4g}"
               f" -> {'TRIGGER at step %d %s' % (step, events[:2]) if step is not None else 'no trigger, best %.4g' % best}")
 
 
