@@ -68,11 +68,10 @@ def sites(campaign: Path = typer.Argument(..., help="campaign YAML file"),
     worker = Worker(worker_options(cfg))
     rows, failed = [], False
     for spec in target_specs(cfg).values():
-        try:
-            found = worker.discover(spec)
-        except TargetFailure as exc:
+        found = worker.try_discover(spec)
+        if isinstance(found, TargetFailure):
             failed = True
-            typer.echo(f"cdeepfuzz: target {spec.name}: could not be built or run: {exc}\n{exc.tb}", err=True)
+            typer.echo(f"cdeepfuzz: target {spec.name}: could not be built or run: {found}\n{found.tb}", err=True)
             continue
         rows += [s.to_dict() for s in found]
     if as_json:

@@ -54,13 +54,7 @@ class LocalExecutor:
         return len(self._queue)
 
     def discover(self, specs: list[TargetSpec]) -> dict[str, list[OpSite] | TargetFailure]:
-        out: dict[str, list[OpSite] | TargetFailure] = {}
-        for spec in specs:
-            try:
-                out[spec.name] = self.worker.discover(spec)
-            except TargetFailure as exc:
-                out[spec.name] = exc
-        return out
+        return {spec.name: self.worker.try_discover(spec) for spec in specs}
 
     def submit(self, task: Task) -> None:
         self._queue.append(task)

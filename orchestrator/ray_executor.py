@@ -38,10 +38,7 @@ class SiteActor:
         self.worker = Worker(_with_gpu_share(options))
 
     def discover(self, spec: TargetSpec) -> list[OpSite] | TargetFailure:
-        try:
-            return self.worker.discover(spec)
-        except TargetFailure as exc:
-            return exc
+        return self.worker.try_discover(spec)
 
     def run(self, task: Task) -> QuantumOutcome:
         return self.worker.run(task.spec, task.site, task.config, task.steps, task.refresh, task.checkpoint)

@@ -99,6 +99,13 @@ class Worker:
         except Exception as exc:  # noqa: BLE001
             raise _failure(exc) from None
 
+    def try_discover(self, spec: TargetSpec) -> list[OpSite] | TargetFailure:
+        """:meth:`discover`, with a target's failure returned, not raised: it is reported per target."""
+        try:
+            return self.discover(spec)
+        except TargetFailure as exc:
+            return exc
+
     def run(self, spec: TargetSpec, site: OpSite, config: SearchConfig, steps: int, refresh: bool = False,
             checkpoint: tuple[dict[str, np.ndarray], dict] | None = None) -> QuantumOutcome:
         runner = self.runner(spec)
