@@ -37,6 +37,11 @@ class TargetSpec:
         return {"name": self.name, "entry": self.entry, "args": dict(self.args),
                 "framework": self.framework, "seed": self.seed}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TargetSpec":
+        """The spec a finding's ``target`` section (written by :meth:`to_dict`) describes."""
+        return cls(d["name"], d["entry"], dict(d.get("args") or {}), d.get("framework"), int(d.get("seed", 0)))
+
 
 def build_runner(spec: TargetSpec, options: RunnerOptions = RunnerOptions()):
     """Import the factory, build the target, wrap it in its framework's runner."""

@@ -436,8 +436,7 @@ def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET,
         return _write(folder, report, {**fix, "status": "no suggestion", "attempts": [], "recommended": None,
                                        "message": "no suggestion: guards are implemented for PyTorch programs only"})
     if runner is None:
-        spec = TargetSpec(t["name"], t["entry"], dict(t.get("args") or {}), t.get("framework"), int(t.get("seed", 0)))
-        runner = build_runner(spec, RunnerOptions(device=device, search_weights=weights))
+        runner = build_runner(TargetSpec.from_dict(t), RunnerOptions(device=device, search_weights=weights))
     calls = probe_calls(runner, site, loaded.inputs, loaded.state, int(report.get("step_seed", 0)))
     guards = suggest(site.op, site.location, _merge(calls)) if calls else []
     if not guards:
