@@ -379,8 +379,8 @@ def verify(runner, site: OpSite, loaded, guard: Guard, budget: int, strategy: st
 
 def _verify(runner, site: OpSite, loaded, budget: int, strategy: str, seed: int, search_weights: bool,
             progress: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
-    from fuzz_core.engine import confirm, discover_sites
-    from fuzz_core.search import SearchConfig, SiteSearch
+    from fuzz_core.engine import confirm, discover_sites, search_site
+    from fuzz_core.search import SearchConfig
 
     check = confirm(runner, site, loaded.inputs, loaded.state, int(loaded.report.get("step_seed", 0)))
     if check.event:
@@ -390,8 +390,7 @@ def _verify(runner, site: OpSite, loaded, budget: int, strategy: str, seed: int,
     config = SearchConfig(strategy, max(1, int(budget)), seed, search_weights)
     for s in sites:
         progress["sites"].append(s.label)
-        search = SiteSearch(_Watching(runner), s, config)
-        result = search.run(config.max_steps)
+        result = search_site(_Watching(runner), s, config)
         progress["steps"] += result.steps
         cand = result.candidate
         if cand is None:
