@@ -78,7 +78,7 @@ class GraphRunner(TargetBatches):
             trainable = self.graph.get_collection(v1.GraphKeys.TRAINABLE_VARIABLES)
         self._vars = _named(_unique(variables), "graph.")
         self._trainable = _unique(trainable)
-        self._params = {_var_name(v).removesuffix(":0"): v for v in self._trainable}
+        self._params = {_var_name(v): v for v in self._trainable}
         self._assign: dict[str, tuple[Any, Any]] = {}
         self._book: FlagBook | None = None
         self._site_cache: dict[tuple, Any] = {}
@@ -141,8 +141,11 @@ class GraphRunner(TargetBatches):
 
     # -- batches ------------------------------------------------------------------------
     def _feed(self, values: dict[str, np.ndarray]) -> dict:
-        weights = [("graph." + _var_name(self._params[k[len(WEIGHT_PREFIX):]]), self._params[k[len(WEIGHT_PREFIX):]], v)
-                   for k, v in values.items() if k.startswith(WEIGHT_PREFIX)]
+        weights = []
+        for key, value in values.items():
+            if key.startswith(WEIGHT_PREFIX):
+                name = key[len(WEIGHT_PREFIX):]          # a _params key: the variable's name
+                weights.append(("graph." + name, self._params[name], value))
         if weights:
             self._load(weights)
         return {self.feeds[k]: v for k, v in values.items() if k in self.feeds}
@@ -160,10 +163,7 @@ class GraphRunner(TargetBatches):
                 pred = tf.cast(inputs[0], tf.bool)
                 level_seen = pred if role == "then" else tf.logical_not(pred)
                 branch_inputs = inputs[1:]
-            elif cf.type in WHILE_TYPES:       # the first iteration of the body
-                level_seen = None
-                branch_inputs = inputs
-            else:
+            else:                              # a While: the first iteration of its body; a call
                 level_seen = None
                 branch_inputs = inputs
             seen = level_seen if seen is None else (seen if level_seen is None else tf.logical_and(seen, level_seen))
