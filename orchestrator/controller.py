@@ -204,9 +204,9 @@ class Controller:
 
     def _write_checkpoint(self, rec: SiteRecord, checkpoint) -> None:
         arrays, meta = checkpoint
-        folder = self.run_dir / "checkpoints"
-        atomic_save_arrays(folder / f"{rec.site.id}.safetensors", arrays)
-        atomic_write_json(folder / f"{rec.site.id}.json", meta)
+        arrays_path, meta_path = checkpoint_paths(self.run_dir, rec.site.id)
+        atomic_save_arrays(arrays_path, arrays)
+        atomic_write_json(meta_path, meta)
 
     def _retire(self, rec: SiteRecord, status: SiteStatus) -> None:
         self.scheduler.retire(rec.site.id, status.value)
@@ -222,6 +222,12 @@ class Controller:
             self.tracker.set_tags(rec.site.id, tags)
             self.tracker.end(rec.site.id, end)
         self.on_change()
+
+
+def checkpoint_paths(run_dir: Path, site_id: str) -> tuple[Path, Path]:
+    """Where a site's last checkpoint is kept in a run folder: its arrays, its metadata."""
+    folder = run_dir / "checkpoints"
+    return folder / f"{site_id}.safetensors", folder / f"{site_id}.json"
 
 
 def site_tags(site: OpSite, status: SiteStatus) -> dict[str, str]:

@@ -15,6 +15,7 @@ from fuzz_core.io import load_arrays, read_json
 from fuzz_core.sites import OpSite
 from fuzz_core.status import SiteStatus
 from orchestrator.config import Campaign, ConfigError, parse_campaign
+from orchestrator.controller import checkpoint_paths
 from orchestrator.summary import FILENAME, SiteRecord
 
 RESUMABLE = (SiteStatus.PENDING, SiteStatus.SEARCHING, SiteStatus.STOPPED)
@@ -49,8 +50,7 @@ def _num(x) -> float:
 
 
 def _attach_checkpoint(run_dir: Path, rec: SiteRecord) -> None:
-    arrays_path = run_dir / "checkpoints" / f"{rec.site.id}.safetensors"
-    meta_path = run_dir / "checkpoints" / f"{rec.site.id}.json"
+    arrays_path, meta_path = checkpoint_paths(run_dir, rec.site.id)
     if arrays_path.is_file() and meta_path.is_file():
         meta = read_json(meta_path)
         rec.checkpoint = (load_arrays(arrays_path), meta)
