@@ -24,7 +24,7 @@ def ensure_ray(address: str | None, resources) -> float:
         else:
             need = max(1, math.ceil(resources.num_actors * resources.num_cpus))
             gpus = _local_gpus()
-            ray.init(num_cpus=max(need, 1), num_gpus=gpus, include_dashboard=False,
+            ray.init(num_cpus=need, num_gpus=gpus, include_dashboard=False,
                      log_to_driver=False, configure_logging=False)
     total = float(ray.cluster_resources().get("GPU", 0))
     if resources.num_gpus and not total:
