@@ -13,6 +13,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from fuzz_core.sites import OpSite
+from fuzz_core.target import TargetError
 
 WEIGHT_PREFIX = "weight:"
 LOG_TAU = 0.5   # soft-minimum temperature of log-space losses (nats)
@@ -117,11 +118,21 @@ def collect_grads(names: list[str], targets: list, grads: list,
 
 
 class TargetBatches:
-    """What every backend's runner does alike: batches from the target's sampler, checked
-    against the contract; bounds by :func:`default_bounds`; reset to the initial state."""
+    """What every backend's runner does alike: the target checked and bound with its name,
+    options and catalogue; batches from the target's sampler, checked against the contract;
+    bounds by :func:`default_bounds`; reset to the initial state."""
 
-    target: Any
     _initial: dict[str, np.ndarray]
+
+    def __init__(self, name: str, target: Any, options: RunnerOptions, catalogue: Any, expected: type) -> None:
+        if not isinstance(target, expected):
+            raise TargetError(f"the factory returned {type(target).__name__}, not a fuzz_core.{expected.__name__}")
+        self.name = name
+        self.target = target
+        self.options = options
+        self.catalogue = catalogue
+        self.searched = list(target.search)
+        self.trains = target.trains
 
     def reset(self) -> None:
         """Back to the factory's initial state."""

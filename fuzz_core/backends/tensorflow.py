@@ -99,18 +99,11 @@ class EagerRunner(TargetBatches):
 
     def __init__(self, name: str, target: Target, options: RunnerOptions = RunnerOptions(),
                  catalogue: Catalogue = DEFAULT_CATALOGUE) -> None:
-        if not isinstance(target, Target):
-            raise TargetError(f"the factory returned {type(target).__name__}, not a fuzz_core.Target")
+        super().__init__(name, target, options, catalogue, Target)
         if not tf.executing_eagerly():
             raise TargetError("a TF2 Target needs eager execution (is TF1 behaviour enabled? use GraphTarget)")
-        self.name = name
-        self.target = target
-        self.options = options
-        self.catalogue = catalogue
         self.device = options.device
         self._device = _device_name(options.device)
-        self.searched = list(target.search)
-        self.trains = target.trains
         self._warm_up(target)
         model_vars = self._model_variables(target.model)
         self._model_vars = _stable(model_vars, "model.")

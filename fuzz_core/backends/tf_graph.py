@@ -58,19 +58,12 @@ class GraphRunner(TargetBatches):
 
     def __init__(self, name: str, target: GraphTarget, options: RunnerOptions = RunnerOptions(),
                  catalogue: Catalogue = DEFAULT_CATALOGUE) -> None:
-        if not isinstance(target, GraphTarget):
-            raise TargetError(f"the factory returned {type(target).__name__}, not a fuzz_core.GraphTarget")
-        self.name = name
-        self.target = target
-        self.options = options
-        self.catalogue = catalogue
+        super().__init__(name, target, options, catalogue, GraphTarget)
         self.device = options.device
         self.graph = target.graph
         self.session = target.session
         self.loss = self._as_tensor(target.loss, "loss")
         self.feeds = dict(target.feeds)
-        self.searched = list(target.search)
-        self.trains = target.trains
         with self.graph.as_default():
             v1 = tf.compat.v1
             variables = (self.graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES)

@@ -142,19 +142,12 @@ class TorchRunner(TargetBatches):
 
     def __init__(self, name: str, target: Target, options: RunnerOptions = RunnerOptions(),
                  catalogue: Catalogue = DEFAULT_CATALOGUE) -> None:
-        if not isinstance(target, Target):
-            raise TargetError(f"the factory returned {type(target).__name__}, not a fuzz_core.Target")
+        super().__init__(name, target, options, catalogue, Target)
         if target.model is not None and not isinstance(target.model, torch.nn.Module):
             raise TargetError(f"Target.model must be a torch.nn.Module, got {type(target.model).__name__}")
-        self.name = name
-        self.target = target
-        self.options = options
-        self.catalogue = catalogue
         self.device = resolve_device(options.device)
         if target.model is not None:
             target.model.to(self.device)
-        self.searched = list(target.search)
-        self.trains = target.trains
         self._params = self._named_params()
         self._initial = self.get_state()
 
