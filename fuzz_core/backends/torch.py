@@ -12,12 +12,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_leaves
 
 from fuzz_core.backends.base import (
     LOG_TAU, WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches, batch_size, collect_grads,
 )
-from fuzz_core.backends.torch_recorder import LOCATOR, Recorder, RecordingMode
+from fuzz_core.backends.torch_recorder import LOCATOR, Recorder, RecordingMode, any_nonfinite
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue, log_floor
 from fuzz_core.sites import OpSite
 from fuzz_core.target import Target, TargetError
@@ -246,7 +245,7 @@ class TorchRunner(TargetBatches):
         batch, _ = self._tensors(values, grad=False)
         with torch.no_grad():
             recorder, out = self._forward(batch, seed, locate_all=True)
-            flags = recorder.resolve([_outputs_nonfinite(out)])
+            flags = recorder.resolve([any_nonfinite(out)])
         loss = program_loss(out)
         first = recorder.first_event(flags, flags[-1], LOCATOR.locate(1))
         return CheckResult(first is not None, first, recorder.triggered_sites(flags), _scalar(loss))
@@ -261,7 +260,7 @@ class TorchRunner(TargetBatches):
         loss = program_loss(out)
         call = recorder.find(site.key)
         margin = call.spec.margins(call.inputs, XP) if call is not None else None
-        flags = recorder.resolve([_outputs_nonfinite(out)])
+        flags = recorder.resolve([any_nonfinite(out)])
         first = recorder.first_event(flags, flags[-1], site.location)
         ev = Evaluation(seen=margin is not None, hard=math.inf, log_loss=math.inf,
                         triggered=call is not None and recorder.triggered(flags, call),
@@ -321,14 +320,6 @@ def _grads(loss: torch.Tensor, names: list[str], targets: list[torch.Tensor],
            retain: bool) -> tuple[dict[str, np.ndarray], float, bool]:
     grads = torch.autograd.grad(loss, targets, allow_unused=True, retain_graph=retain)
     return collect_grads(names, targets, grads, lambda g: g.detach().cpu().double().numpy())
-
-
-def _outputs_nonfinite(out: Any) -> torch.Tensor:
-    flag = torch.zeros((), dtype=torch.bool)
-    for t in tree_leaves(out):
-        if isinstance(t, torch.Tensor) and t.is_floating_point():
-            flag = flag.to(t.device) | ~torch.isfinite(t.detach()).all()
-    return flag
 
 
 def _scalar(t: torch.Tensor | None) -> float:

@@ -139,7 +139,7 @@ class Recorder(FlagBook):
         out = func(*args, **kwargs)
         index = len(self.calls)
         if spec.searched:
-            flag = self.push(_any_nonfinite(out), (info.kind, location, index))
+            flag = self.push(any_nonfinite(out), (info.kind, location, index))
         else:
             flag = self._flag_nan(out, info.kind, location, index)
         self.calls.append(Call(spec, info.kind, location, occurrence, inputs, flag, in_ok))
@@ -297,7 +297,8 @@ def _all_finite(inputs: list) -> torch.Tensor | None:
     return flag
 
 
-def _any_nonfinite(out) -> torch.Tensor:
+def any_nonfinite(out) -> torch.Tensor:
+    """A 0-dim bool tensor: some floating-point tensor in ``out`` (any pytree) is not finite."""
     flag = None
     for t in tree_leaves(out):
         if isinstance(t, torch.Tensor) and t.is_floating_point():
