@@ -93,6 +93,26 @@ def default_bounds(runner: "Runner", batch: dict[str, np.ndarray]) -> dict[str, 
     return out
 
 
+def bisect_last(pred: Callable[[float], bool], lo: float, hi: float, to_dtype: Callable[[float], float],
+                next_after: Callable[[float, float], float]) -> float:
+    """Largest float of a dtype in [lo, hi) where pred holds, given pred(lo) and not pred(hi).
+
+    ``to_dtype`` rounds a float to the dtype; ``next_after(a, b)`` is the next float of the dtype
+    after ``a`` toward ``b``. Finds the dtype-dependent domain ends of the catalogue's limits.
+    """
+    for _ in range(200):
+        mid = to_dtype((lo + hi) / 2)
+        if mid in (lo, hi):
+            mid = next_after(lo, hi)
+            if mid == hi:
+                break
+        if pred(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def batch_size(values: dict[str, np.ndarray]) -> int:
     """The batch dimension (dim 0) of the first input among ``values``; 1 when there is none."""
     for name, v in values.items():

@@ -33,6 +33,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context as tf_context
 from tensorflow.python.eager import record
 
+from fuzz_core.backends.base import bisect_last
 from fuzz_core.backends.flags import ALWAYS_OK, NOT_SEARCHED, FlagBook
 from fuzz_core.backends.flags import Call as BaseCall
 from fuzz_core.catalogue import Catalogue
@@ -107,19 +108,9 @@ def _eager_value(fn, value: float, dtype_name: str) -> float:
 
 
 def _bisect(pred, lo: float, hi: float, dtype_name: str) -> float:
-    """Largest float of dtype in [lo, hi) where pred holds, given pred(lo) and not pred(hi)."""
     dt = np_dtype(dtype_name)
-    for _ in range(200):
-        mid = float(np.asarray((lo + hi) / 2, dtype=dt))
-        if mid in (lo, hi):
-            mid = nextafter(lo, hi, dtype_name)
-            if mid == hi:
-                break
-        if pred(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return bisect_last(pred, lo, hi, lambda v: float(np.asarray(v, dtype=dt)),
+                       lambda a, b: nextafter(a, b, dtype_name))
 
 
 @lru_cache(maxsize=None)

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from fuzz_core.backends.base import (
-    LOG_TAU, WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches, batch_size, collect_grads,
+    LOG_TAU, WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches, batch_size, bisect_last,
+    collect_grads,
 )
 from fuzz_core.backends.torch_recorder import LOCATOR, Recorder, RecordingMode, any_nonfinite
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue, log_floor
@@ -84,18 +85,8 @@ def dtype_limit(name: str, dtype: torch.dtype) -> float:
 
 
 def _bisect(pred, lo: float, hi: float, dtype: torch.dtype) -> float:
-    """Largest float of dtype in [lo, hi) where pred holds, given pred(lo) and not pred(hi)."""
-    for _ in range(200):
-        mid = float(torch.tensor((lo + hi) / 2, dtype=dtype))
-        if mid in (lo, hi):
-            mid = _nextafter(lo, hi, dtype)
-            if mid == hi:
-                break
-        if pred(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return bisect_last(pred, lo, hi, lambda v: float(torch.tensor(v, dtype=dtype)),
+                       lambda a, b: _nextafter(a, b, dtype))
 
 
 def _last_finite(fn, lo: float, hi: float, dtype: torch.dtype) -> float:
