@@ -94,14 +94,6 @@ def default_output(campaign_output: str) -> str:
     return str(Path(DEFAULT_OUTPUT_DIR).expanduser())
 
 
-def connect(address: str) -> None:
-    """Join the cluster before run_campaign does, without Ray's coloured log lines."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -115,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from orchestrator.campaign import RunOptions, explicit_tracking_uri, run_campaign
         from orchestrator.config import ConfigError, load_campaign
+        from orchestrator.ray_runtime import join_ray
     except ImportError as exc:   # ~/launch.py run by a Python without cdeepfuzz
         return _fail(f"cdeepfuzz is not installed in {sys.executable} ({exc}); "
                      f"activate the cluster's environment or pip install -e the project")
@@ -135,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
         instrument_controller()
     try:
-        connect(address)
+        join_ray(address)           # before run_campaign does, to report a missing cluster as a usage error
     except Exception as exc:  # noqa: BLE001 - no cluster to join is a usage error here
         return _fail(f"cannot join the Ray cluster at {address!r}: {exc}; start one with `ray start --head` "
                      f"or `ray up deploy/cluster.yaml`")

@@ -19,8 +19,7 @@ def ensure_ray(address: str | None, resources) -> float:
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS")
         if address:
-            # configure_logging=False: no Ray log lines (with colour codes) in `ray job logs`
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
+            join_ray(address)
         else:
             need = max(1, math.ceil(resources.num_actors * resources.num_cpus))
             gpus = _local_gpus()
@@ -31,6 +30,15 @@ def ensure_ray(address: str | None, resources) -> float:
         log.warning("the campaign asks for %s GPU per actor but the cluster has none: running on CPU",
                     resources.num_gpus)
     return total
+
+
+def join_ray(address: str) -> None:
+    """Join the running cluster at ``address``, unless this process already has."""
+    import ray
+
+    if not ray.is_initialized():
+        # configure_logging=False: no Ray log lines (with colour codes) in `ray job logs`
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
 
 
 def _local_gpus() -> int:
