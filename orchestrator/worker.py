@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from fuzz_core.backends.base import RunnerOptions
-from fuzz_core.engine import TargetSpec, build_runner, finding_from
+from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from
 from fuzz_core.loader import EntryError
 from fuzz_core.findings import Finding
 from fuzz_core.search import QuantumResult, SearchConfig, SiteSearch
@@ -91,11 +91,8 @@ class Worker:
 
     def discover(self, spec: TargetSpec) -> list[OpSite]:
         runner = self.runner(spec)
-        rng = np.random.default_rng([spec.seed, 0x5EED])
         try:
-            runner.reset()
-            batch = runner.sample(rng)
-            return runner.discover(batch, spec.seed)
+            return discover_sites(runner, spec.seed)
         except Exception as exc:  # noqa: BLE001
             raise _failure(exc) from None
 
