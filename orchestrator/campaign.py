@@ -39,6 +39,7 @@ class RunOptions:
     live: bool | None = None        # rich live table (default: when stderr is a TTY)
     output: str | None = None
     resume: str | None = None       # a run folder to continue
+    metrics: bool = True            # export live Ray metrics (when connected to Ray)
 
 
 @dataclass
@@ -128,7 +129,8 @@ def run_campaign(campaign: Campaign, path: Path, options: RunOptions = RunOption
         progress.message(f"cdeepfuzz: campaign {campaign.name} -> {run_dir}" + (" (resumed)" if previous else "")
                          + (f" (MLflow: {uri})" if uri else ""))
         ctl = Controller(campaign, run_dir, executor, tracker, _store(root, campaign.name, run_dir.name),
-                         progress, specs, config, LoopLimits(campaign.time_limit_s, campaign.resources.max_restarts))
+                         progress, specs, config, LoopLimits(campaign.time_limit_s, campaign.resources.max_restarts),
+                         metrics=options.metrics)
 
         def summary(state: str, code: int | None = None) -> Path:
             if tracker is not None:

@@ -41,7 +41,7 @@ class LoopLimits:
 
 class Controller:
     def __init__(self, campaign, run_dir: Path, executor, tracker, store, progress, specs: dict[str, TargetSpec],
-                 config: SearchConfig, limits: LoopLimits) -> None:
+                 config: SearchConfig, limits: LoopLimits, metrics: bool = True) -> None:
         self.campaign = campaign
         self.run_dir = run_dir
         self.executor = executor
@@ -57,7 +57,7 @@ class Controller:
                                         quantum=campaign.scheduler.quantum)
         self.stopped_reason: str | None = None
         self.on_change = lambda: None
-        self.metrics = CampaignMetrics(campaign.name)     # live Ray metrics; a no-op without Ray
+        self.metrics = CampaignMetrics(campaign.name, metrics)   # live Ray metrics; a no-op without Ray
 
     # -- discovery ------------------------------------------------------------------------
     def add_targets(self, found: dict, previous: dict[str, SiteRecord] | None = None) -> None:

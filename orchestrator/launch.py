@@ -123,10 +123,6 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.tracking.enabled and not uri:
         return _fail(f"{path}: no MLflow server: give --tracking-uri, set tracking.uri in the campaign, or export "
                      f"MLFLOW_TRACKING_URI=http://<head>:5000 (deploy/cluster.yaml starts one on the head)")
-    if not args.no_metrics:
-        from orchestrator.metrics import instrument_controller
-
-        instrument_controller()
     try:
         join_ray(address)           # before run_campaign does, to report a missing cluster as a usage error
     except Exception as exc:  # noqa: BLE001 - no cluster to join is a usage error here
@@ -134,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"or `ray up deploy/cluster.yaml`")
     try:
         outcome = run_campaign(cfg, path, RunOptions(tracking_uri=args.tracking_uri, progress=not args.quiet,
-                                                     live=False if args.plain else None, output=output))
+                                                     live=False if args.plain else None, output=output,
+                                                     metrics=not args.no_metrics))
     except ConfigError as exc:
         return _fail(str(exc))
     code = outcome.exit_code

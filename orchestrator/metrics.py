@@ -29,7 +29,6 @@ finite value.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import sys
@@ -87,14 +86,15 @@ def _site_fields(site: Any) -> tuple[str, str, str]:
 class CampaignMetrics:
     """Per-site gauges and counters of one campaign; a no-op when Ray is not initialized."""
 
-    def __init__(self, campaign: str) -> None:
+    def __init__(self, campaign: str, enabled: bool = True) -> None:
         self.campaign = campaign
+        self.enabled = enabled          # False: export nothing (``launch.py --no-metrics``)
         self._seen_steps: dict[str, int] = {}
         self._failed = False
 
     @property
     def active(self) -> bool:
-        return not self._failed and ray_connected()
+        return self.enabled and not self._failed and ray_connected()
 
     def _instruments(self) -> dict[str, Any] | None:
         if not self.active:
@@ -146,44 +146,3 @@ class CampaignMetrics:
             inst[FINDINGS].inc(1.0, tags={"campaign": self.campaign, "target": target, "site": site_id, "op": op})
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
-
-
-def instrument_controller() -> bool:
-    """Make :class:`orchestrator.controller.Controller` report metrics, until it does so itself.
-
-    Wraps ``Controller._quantum`` and ``Controller._write_finding`` once per process (the
-    wrappers step aside for a controller that has its own ``metrics`` attribute, i.e.
-    calls :class:`CampaignMetrics` natively). Returns whether it wrapped them now.
-    """
-    from orchestrator.controller import Controller
-
-    if getattr(Controller, "_cdeepfuzz_metrics_wrapped", False):
-        return False
-    quantum, write_finding = Controller._quantum, Controller._write_finding
-
-    def hooked(self) -> CampaignMetrics | None:
-        if isinstance(getattr(self, "metrics", None), CampaignMetrics):
-            return None                       # the controller reports by itself
-        m = self.__dict__.get("_hooked_metrics")
-        if m is None:
-            m = self.__dict__["_hooked_metrics"] = CampaignMetrics(self.campaign.name)
-        return m
-
-    @functools.wraps(quantum)
-    def _quantum(self, rec, out):
-        quantum(self, rec, out)
-        m = hooked(self)
-        if m is not None:
-            m.quantum(rec.site, rec.last_loss, rec.best_loss, rec.steps, len(out.result.trace or ()))
-
-    @functools.wraps(write_finding)
-    def _write_finding(self, rec, finding):
-        write_finding(self, rec, finding)
-        m = hooked(self)
-        if m is not None:
-            m.finding(rec.site)
-
-    Controller._quantum = _quantum
-    Controller._write_finding = _write_finding
-    Controller._cdeepfuzz_metrics_wrapped = True
-    return True

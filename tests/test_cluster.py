@@ -540,6 +540,20 @@ def test_campaign_metrics_are_a_no_op_without_ray(monkeypatch):
     assert not cm.active
 
 
+def test_campaign_metrics_disabled_export_nothing_even_with_ray(monkeypatch):
+    """``launch.py --no-metrics`` reaches the controller as CampaignMetrics(enabled=False)."""
+    from orchestrator import metrics as m
+
+    made = []
+    monkeypatch.setattr(m, "ray_connected", lambda: True)
+    monkeypatch.setattr(m, "_make_instruments", lambda: made.append(1) or {})
+    off = m.CampaignMetrics("quiet", enabled=False)
+    off.quantum({"id": "abc", "target": "t", "op": "log"}, 1.0, 0.5, 10)
+    off.finding({"id": "abc", "target": "t", "op": "log"})
+    assert not off.active and made == []
+    assert m.CampaignMetrics("loud").active
+
+
 # -- GPUs (run on a CUDA machine; skipped elsewhere) ---------------------------------------------------
 def _cuda() -> bool:
     try:
