@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -37,14 +36,12 @@ class Outcome:
 
 
 def run_subject(entry: str, strategy: str, max_steps: int, seed: int = 0) -> Outcome:
-    from fuzz_core.engine import TargetSpec, build_runner, finding_from, search_site
+    from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from, search_site
     from fuzz_core.search import SearchConfig
 
     spec = TargetSpec("subject", entry, seed=seed)
     runner = build_runner(spec)
-    runner.reset()
-    batch = runner.sample(np.random.default_rng([seed, 0x5EED]))
-    sites = [s for s in runner.discover(batch, seed) if s.searched]
+    sites = [s for s in discover_sites(runner, seed) if s.searched]
     config = SearchConfig(strategy=strategy, max_steps=max_steps, seed=seed)
     best = Outcome(max_steps, 0.0, False, "")
     all_steps, all_seconds = 0, 0.0

@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from fuzz_core import Target
-from fuzz_core.engine import TargetSpec, build_runner, finding_from, search_site
+from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from, search_site
 from fuzz_core.findings import write_finding
 from fuzz_core.fixes import Guard, guard_mode, suggest, suggest_and_verify
 from fuzz_core.search import SearchConfig
@@ -57,8 +57,7 @@ def _found(tmp_path: Path, name: str, entry: str, op: str, occurrence: int = 0, 
     """Search the target's ``op`` site as a campaign would; write the confirmed finding; return (runner, folder)."""
     spec = TargetSpec(name, entry, {}, None, 0)
     runner = build_runner(spec)
-    runner.reset()
-    sites = runner.discover(runner.sample(np.random.default_rng([0, 0x5EED])), 0)
+    sites = discover_sites(runner, 0)
     site = next(s for s in sites if s.op == op and s.occurrence == occurrence)
     config = SearchConfig("adaptive", max_steps, 0)
     result = search_site(runner, site, config)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.subjects import BUGGY, GUARDED
-from fuzz_core.engine import TargetSpec, build_runner, confirm, confirmed, finding_from
+from fuzz_core.engine import TargetSpec, build_runner, confirm, confirmed, discover_sites, finding_from
 from fuzz_core.search import SearchConfig, SiteSearch
 
 BUDGET = 200          # the subjects' campaign files use max_steps 200
@@ -16,9 +16,7 @@ GUARD_BUDGET = 60     # a guarded twin: every site, a shorter budget (no bug to 
 def _sites(entry: str, seed: int = 0):
     spec = TargetSpec("subject", entry, seed=seed)
     runner = build_runner(spec)
-    runner.reset()
-    batch = runner.sample(np.random.default_rng([seed, 0x5EED]))
-    return spec, runner, [s for s in runner.discover(batch, seed) if s.searched]
+    return spec, runner, [s for s in discover_sites(runner, seed) if s.searched]
 
 
 @pytest.mark.parametrize("name", sorted(BUGGY))

@@ -20,7 +20,7 @@ tf = pytest.importorskip("tensorflow")
 from fuzz_core import GraphTarget, Target  # noqa: E402
 from fuzz_core.backends import detect_framework  # noqa: E402
 from fuzz_core.backends.base import WEIGHT_PREFIX, RunnerOptions  # noqa: E402
-from fuzz_core.engine import TargetSpec, build_runner, finding_from, search_site  # noqa: E402
+from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from, search_site  # noqa: E402
 from fuzz_core.search import SearchConfig  # noqa: E402
 from fuzz_core.status import SiteStatus  # noqa: E402
 
@@ -95,9 +95,7 @@ def built(name: str):
     if hit is None:
         spec = spec_of(name)
         runner = build_runner(spec, RunnerOptions(device="cpu"))
-        runner.reset()
-        batch = runner.sample(np.random.default_rng([spec.seed, 0x5EED]))
-        hit = _RUNNERS[name] = (runner, spec, runner.discover(batch, spec.seed))
+        hit = _RUNNERS[name] = (runner, spec, discover_sites(runner, spec.seed))
     return hit
 
 
@@ -144,7 +142,7 @@ def test_sites_are_stable_across_builds():
     """Ids depend on (target, op, path:line, occurrence) only: a second build agrees."""
     _, spec, sites = built("tf_graph_scale_div")
     runner = build_runner(spec, RunnerOptions())
-    again = runner.discover(runner.sample(np.random.default_rng([0, 0x5EED])), 0)
+    again = discover_sites(runner, 0)
     assert [s.id for s in again] == [s.id for s in sites]
 
 
