@@ -37,7 +37,7 @@ def replay_folder(folder: Path, trust: bool = False, device: str = "cpu") -> tup
     if not isinstance(entry, str):
         raise ReplayError(f"{folder}/finding.json: target.entry is missing")
     check_trusted(entry, trust)
-    spec = TargetSpec(t["name"], entry, dict(t.get("args") or {}), t.get("framework"), int(t.get("seed", 0)))
+    spec = TargetSpec.from_dict(t)
     try:
         runner = build_runner(spec, RunnerOptions(device=device))
     except (EntryError, ImportError, OSError) as exc:
