@@ -176,21 +176,6 @@ class BugDatabase:
             atomic_write_json(folder / OCCURRENCES, record)
         return SaveResult(sig, new_bug, new_occurrence, replaced, len(record["occurrences"]))
 
-    def replace(self, sig: str, finding_folder: Path | str) -> None:
-        """Make ``finding_folder`` the bug's reproducer, whatever its size (recorded as an occurrence)."""
-        finding_folder = Path(finding_folder)
-        report = read_json(finding_folder / REPORT)
-        if signature_of(report) != sig:
-            raise ValueError(f"{finding_folder}: signature {signature_of(report)} is not {sig}")
-        self.save(finding_folder)
-        occ = occurrence_of(report, finding_folder, self.output)
-        folder = self.root / sig
-        with _locked(folder / _LOCK):
-            record = read_json(folder / OCCURRENCES)
-            self._install(folder, finding_folder, report, occ)
-            record["best"] = asdict(occ)
-            atomic_write_json(folder / OCCURRENCES, record)
-
     def delete(self, sig: str) -> bool:
         folder = self.root / sig
         if not folder.is_dir():
