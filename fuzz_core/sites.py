@@ -79,12 +79,14 @@ class CallerLocator:
         self._skip_code: dict[object, bool] = {}
         self._rel: dict[str, str] = {}
 
+    def skips(self, filename: str) -> bool:
+        """Is this file the framework's, fuzz_core's or the interpreter's (not the user's)?"""
+        return filename.startswith(self._skip) or filename.startswith("<frozen") or "contextlib" in filename
+
     def _skipped(self, code) -> bool:
         hit = self._skip_code.get(code)
         if hit is None:
-            fn = code.co_filename
-            hit = fn.startswith(self._skip) or fn.startswith("<frozen") or "contextlib" in fn
-            self._skip_code[code] = hit
+            hit = self._skip_code[code] = self.skips(code.co_filename)
         return hit
 
     def locate(self, depth: int = 1) -> str:

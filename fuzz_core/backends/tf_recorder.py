@@ -54,8 +54,6 @@ def _skip_dirs() -> tuple[str, ...]:
 
 SKIP_DIRS = _skip_dirs()
 LOCATOR = CallerLocator(SKIP_DIRS)
-_SKIP_PREFIXES = tuple(d.rstrip(os.sep) + os.sep for d in SKIP_DIRS)
-_FUZZ_CORE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 # Ops whose non-finite output is a pure copy (or that read/write state): never an origin.
 PASS_THROUGH = {"Identity", "IdentityN", "ReadVariableOp", "Const", "Placeholder", "PlaceholderWithDefault",
@@ -366,11 +364,9 @@ def traceback_location(op) -> str:
     except Exception:  # noqa: BLE001
         frames = []
     for frame in reversed(frames):
-        fn = frame.filename
-        if fn.startswith(_SKIP_PREFIXES) or fn.startswith(_FUZZ_CORE) or fn.startswith("<frozen") \
-                or "contextlib" in fn:
+        if LOCATOR.skips(frame.filename):      # the same rule as for eager ops
             continue
-        return f"{relative_path(fn)}:{frame.lineno}"
+        return f"{relative_path(frame.filename)}:{frame.lineno}"
     return "<unknown>:0"
 
 
