@@ -326,10 +326,12 @@ class LossSlopeScheduler(Scheduler):
     3. sites on course (predicted to trigger within their remaining budget), closest first,
        ``quantum * ref / pred`` steps each (``ref``: the median prediction of such sites);
     4. sites off course that have progressed (best loss at most ``progress`` times their
-       first), those whose loss still moves first, then least served first, a quantum each;
+       first), those whose loss still moves first, then least served first, a quantum each
+       (min_quantum once hopeless: a bug that wanders near the edge before it triggers looks
+       hopeless too, and still deserves more than a site that never moved);
     5. the rest (flat so far), least served first: min_quantum while a better site is live,
        else a quantum;
-    6. hopeless sites: min_quantum.
+    6. hopeless sites that never progressed: min_quantum.
 
     A plateau (the loss window fell by less than ``plateau_tol`` of its level, or rose) gets a
     REFRESH; after ``max_refreshes`` fruitless ones in a row the site is hopeless, and once
@@ -421,7 +423,7 @@ class LossSlopeScheduler(Scheduler):
             return 2
         if self._on_course(s):
             return 3
-        if s.hopeless:
+        if s.hopeless and not self._progressed(s):
             return 6
         return 4 if self._progressed(s) else 5
 

@@ -178,3 +178,35 @@ def test_many_guarded_sites_loss_slope_finds_every_bug_in_far_fewer_steps():
     assert rr / ls >= 2.5, (rr, ls, rr_found, ls_found)  # measured: 2147 / 732
     # the flat-then-sudden bug is not starved: found before round-robin would find it
     assert ls_found["sudden"] <= rr_found["sudden"], (ls_found, rr_found)
+
+
+def test_a_hopeless_site_that_progressed_is_served_before_one_that_never_moved():
+    """Fruitless refreshes make a site hopeless, but one whose loss fell a long way (a bug
+    that wanders near the edge before it triggers) still outranks sites that never moved:
+    with one slot, past the floor, it gets the steps."""
+    sched = make_scheduler("loss-slope", 10_000, 20, window=8, max_refreshes=1, retire_after=5_000)
+    for s in ("never", "wanders"):
+        sched.add_site(s)
+    used = Counter()
+
+    def serve(d):
+        used[d.site_id] += d.steps
+        if d.site_id == "never":
+            losses = [100.0] * d.steps
+        else:  # fell from 1.0 to ~0.05 at once, then wanders above its best
+            losses = [0.05 + 0.01 * ((used[d.site_id] + i) % 3) for i in range(d.steps)]
+            losses[0] = 1.0 if used[d.site_id] == d.steps else losses[0]
+        _report(sched, d, losses, used=used[d.site_id])
+
+    for _ in range(200):  # both plateau, are refreshed once in vain, and turn hopeless
+        if all(sched._sites[s].hopeless for s in ("never", "wanders")):
+            break
+        for d in sched.allocate(1):
+            serve(d)
+    assert sched._sites["never"].hopeless and sched._sites["wanders"].hopeless
+    before = Counter(used)
+    for _ in range(40):
+        for d in sched.allocate(1):
+            serve(d)
+    gained = {s: used[s] - before[s] for s in used}
+    assert gained["wanders"] > 4 * gained["never"] > 0, gained  # preferred, and the other not starved
