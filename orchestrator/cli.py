@@ -147,7 +147,11 @@ def sync(run_folder: Path = typer.Argument(..., help="a run folder whose trackin
     summary = run_folder / "summary.json"
     uri = tracking_uri
     if uri is None and summary.is_file():
-        uri = (json.loads(summary.read_text()).get("run") or {}).get("tracking_uri")
+        try:
+            data = json.loads(summary.read_text())
+            uri = ((data.get("run") or {}) if isinstance(data, dict) else {}).get("tracking_uri")
+        except (OSError, ValueError) as exc:
+            _fail(f"{summary}: cannot be read ({exc}): give --tracking-uri")
     if not uri:
         _fail(f"{run_folder}: no tracking URI: give --tracking-uri")
     if not (run_folder / SPOOL_NAME).is_file():

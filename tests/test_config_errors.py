@@ -81,3 +81,13 @@ def test_missing_campaign_file_exit_2():
     assert proc.returncode == 2
     assert "no such campaign file" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"run": null}'])
+def test_sync_with_an_unreadable_summary_is_a_one_line_error(tmp_path: Path, content: str):
+    (tmp_path / "summary.json").write_text(content)
+    result = CliRunner().invoke(app, ["sync", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "summary.json" in result.output or "--tracking-uri" in result.output
+    assert "Traceback" not in result.output
