@@ -44,16 +44,14 @@ TARGETS_DIR = os.path.join("campaigns", "targets")
 UNINITIALISED = ("empty", "new_empty", "resize", "set_")   # their outputs hold garbage, maybe NaN bits
 
 
-def margin(name: str, args: tuple) -> torch.Tensor | None:
-    """Elementwise distance to the edge of the domain (<= 0 outside), or None."""
+def margin(name: str, args: tuple, idx: int = 0) -> torch.Tensor | None:
+    """Elementwise distance to the edge of the domain (<= 0 outside) of input ``idx`` (the
+    SUSPECT table's index: the divisor of ``div``, the operand of ``reciprocal``), or None."""
     if name == "pow":
         base, e = args[0], args[1]
         if not isinstance(base, torch.Tensor) or not isinstance(e, (int, float)) or float(e) == int(e):
             return None
         return base
-    idx = {"div": 1, "log": 0}.get(name, 0)
-    if name == "log" and len(args) > 1 and isinstance(args[1], torch.Tensor):   # xlogy(x, y)
-        idx = 1
     if idx >= len(args) or not isinstance(args[idx], torch.Tensor):
         return None
     x = args[idx].float()
@@ -100,6 +98,7 @@ class Call:
     log_space: bool
     args: tuple
     bad: bool = False
+    arg: int = 0        # the checked input
 
 
 def _locate() -> str:
@@ -144,7 +143,7 @@ class Probe(TorchDispatchMode):
             occ = self.counts.get(key, 0)
             self.counts[key] = occ + 1
             bad = _finite(args) and not _finite(out)
-            self.calls.append(Call((spec[0], loc, occ), spec[0], spec[2], tuple(args), bad))
+            self.calls.append(Call((spec[0], loc, occ), spec[0], spec[2], tuple(args), bad, spec[1]))
             if bad:
                 self.events.append(f"{spec[0]}@{loc}#{occ}")
         elif not func.is_view and not packet.startswith(UNINITIALISED) and _nan(out) and not _nan(args):
@@ -251,7 +250,7 @@ def search_site(path: str, key: tuple, steps: int, train: bool, lr_frac: float =
             return step, probe.events, best
         calls = [c for c in probe.calls if c.key == key]
         if calls:
-            m = margin(calls[0].name, calls[0].args)
+            m = margin(calls[0].name, calls[0].args, calls[0].arg)
             sl = search_loss(m, calls[0].log_space, soft=True)
             hard = float(search_loss(m.detach(), calls[0].log_space))
             best = min(best, hard)
@@ -299,7 +298,7 @@ def main(argv=None):
     for c in probe.calls:
         if c.key in seen:
             continue
-        m = margin(c.name, c.args)
+        m = margin(c.name, c.args, c.arg)
         if m is None:
             continue
         seen.append(c.key)
