@@ -46,6 +46,7 @@ def _run_to_end(executor, task: Task, deadline: float) -> list:
 
 
 SLOW_SUBJECT = """
+import os
 import time
 import importlib.util
 _spec = importlib.util.spec_from_file_location("mlp_subject", {path!r})
@@ -55,10 +56,13 @@ _spec.loader.exec_module(_mod)
 def make_target(seed=0, **args):
     target = _mod.make_target(seed=seed, **args)
     program = target.program
-    def slow(batch):                 # the same program, 200 ms a pass: a step outlives the kill
-        time.sleep(0.2)
+    def held(batch):                 # the same program; while {hold!r} exists a pass says so in
+        if os.path.exists({hold!r}):   # {mark!r} and waits: the kill lands inside a step, always
+            open({mark!r}, "w").close()
+            while os.path.exists({hold!r}):
+                time.sleep(0.02)
         return program(batch)
-    target.program = slow
+    target.program = held
     return target
 """
 
@@ -70,8 +74,9 @@ def test_killed_actor_resumes_site_from_checkpoint_and_finds_it(ray_session, tmp
 
     from orchestrator.ray_executor import RayExecutor
 
-    module = tmp_path / "slow_mlp.py"
-    module.write_text(SLOW_SUBJECT.format(path=str(Path("campaigns/targets/softmax_xent_mlp.py").resolve())))
+    module, hold, mark = tmp_path / "slow_mlp.py", tmp_path / "hold", tmp_path / "in_step"
+    module.write_text(SLOW_SUBJECT.format(path=str(Path("campaigns/targets/softmax_xent_mlp.py").resolve()),
+                                          hold=str(hold), mark=str(mark)))
     executor = RayExecutor(WorkerOptions(device="cpu"), num_actors=1, num_cpus=1, num_gpus=0,
                            max_restarts=3, quantum_timeout_s=120)
     try:
@@ -84,14 +89,19 @@ def test_killed_actor_resumes_site_from_checkpoint_and_finds_it(ray_session, tmp
         assert isinstance(first, QuantumOutcome) and first.checkpoint is not None
         assert first.result.steps == 1 and first.finding is None
         pid = executor.actor_pid(0)
+        hold.touch()
         executor.submit(Task(site, spec, config, steps=99, checkpoint=first.checkpoint))
-        time.sleep(0.1)
+        deadline = time.monotonic() + 120
+        while not mark.exists():        # the actor is inside a step of the resumed search
+            assert time.monotonic() < deadline, "the actor never started its step"
+            time.sleep(0.02)
         if how == "ray.kill":
             ray.kill(executor.actors[0], no_restart=False)
         else:
             os.kill(pid, signal.SIGKILL)       # a segfault or the OOM killer looks the same to Ray
         (_, died), = _wait(executor)
         assert isinstance(died, ActorDied), died
+        hold.unlink()
         # the restarted actor has lost the search: it resumes from the checkpoint, not from step 0
         outcomes = _run_to_end(executor, Task(site, spec, config, steps=99, checkpoint=first.checkpoint),
                                time.monotonic() + 120)
@@ -99,6 +109,7 @@ def test_killed_actor_resumes_site_from_checkpoint_and_finds_it(ray_session, tmp
         assert final.result.trace[0].step == 2           # continued from the checkpoint's step
         assert final.result.status.value == "found" and final.finding is not None
     finally:
+        hold.unlink(missing_ok=True)
         executor.shutdown()
 
 
