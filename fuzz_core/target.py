@@ -28,8 +28,11 @@ class Target:
                fresh batch; every value has the batch on dimension 0.
     model:     a ``torch.nn.Module`` / ``tf.keras.Model`` / list of ``tf.Variable``;
                its parameters are external values (searched with ``search_weights``).
-    optimizer: optional; the program then keeps training on the searched batch.
-    train_step: optional ``train_step(batch)`` for programs that train another way.
+    optimizer: optional (one, or a list); the program then keeps training on the searched
+               batch. Its state is saved, restored and reset with the weights.
+    train_step: optional ``train_step(batch)`` for programs that train another way; the
+               torch optimizers it holds in its closure (or its object's attributes, for a
+               bound method) are found and saved with the weights too.
     bounds:    valid domain ``(low, high)`` of each searched input.
     search:    names of the searched inputs (floating point only).
     """

@@ -101,6 +101,53 @@ def tiny_of(dtype: torch.dtype) -> float:
     return _nextafter(0.0, 1.0, dtype)
 
 
+
+def _optim_prefix(i: int) -> str:
+    """State keys of the i-th optimizer: ``optim.`` for the first (the one-optimizer layout of
+    older checkpoints), ``optim1.``, ``optim2.``, ... for the others."""
+    return "optim." if i == 0 else f"optim{i}."
+
+
+def program_optimizers(target: Target) -> list[Any]:
+    """The optimizers whose state belongs to the program, so that it is saved, restored and reset
+    with the weights: ``Target.optimizer`` (one, or a list), and those a ``train_step`` holds in
+    its closure or, for a bound method, in its object's attributes (a GAN's two Adams). Without
+    them a site would start from moments another site's search left behind."""
+    found: list[Any] = []
+
+    def add(value: Any, duck: bool = False) -> None:
+        ok = isinstance(value, torch.optim.Optimizer) or duck and all(
+            hasattr(value, a) for a in ("zero_grad", "step", "state_dict", "load_state_dict"))
+        if ok and all(value is not o for o in found):
+            found.append(value)
+
+    def add_all(value: Any, duck: bool = False) -> None:
+        for v in (value.values() if isinstance(value, dict) else
+                  value if isinstance(value, (list, tuple)) else (value,)):
+            add(v, duck)
+
+    def walk(fn: Any, depth: int) -> None:
+        owner = getattr(fn, "__self__", None)
+        if owner is not None and hasattr(owner, "__dict__"):
+            for v in vars(owner).values():
+                add_all(v)
+        for cell in getattr(getattr(fn, "__func__", fn), "__closure__", None) or ():
+            try:
+                v = cell.cell_contents
+            except ValueError:         # a cell not filled yet
+                continue
+            add_all(v)
+            if depth < 3 and callable(v) and hasattr(v, "__closure__"):
+                walk(v, depth + 1)
+
+    add_all(target.optimizer, duck=True)   # named by the user: any optimizer-like object
+    if target.optimizer is not None and not found:
+        raise TargetError(f"Target.optimizer must be a torch optimizer (zero_grad, step, state_dict) "
+                          f"or a list of them, got {type(target.optimizer).__name__}")
+    if target.train_step is not None:
+        walk(target.train_step, 0)
+    return found
+
 def program_loss(out: Any) -> torch.Tensor | None:
     """The loss of a program's return value: a tensor, the first of a tuple, or out["loss"]."""
     if isinstance(out, torch.Tensor):
@@ -139,6 +186,7 @@ class TorchRunner(TargetBatches):
         if target.model is not None:
             target.model.to(self.device)
         self._params = self._named_params()
+        self._optimizers = program_optimizers(target)
         self._initial = self.get_state()
 
     # -- state ------------------------------------------------------------------------
@@ -156,17 +204,17 @@ class TorchRunner(TargetBatches):
         if self.target.model is not None:
             for k, v in self.target.model.state_dict().items():
                 state["model." + k] = v.detach().cpu().numpy().copy()
-        opt = self.target.optimizer
-        if opt is not None and hasattr(opt, "state_dict"):
+        for i, opt in enumerate(self._optimizers):
+            prefix = _optim_prefix(i)
             sd = opt.state_dict()
             meta = {"param_groups": sd["param_groups"], "scalars": {}}
             for pid, slots in sd["state"].items():
                 for slot, value in slots.items():
                     if isinstance(value, torch.Tensor):
-                        state[f"optim.{pid}.{slot}"] = value.detach().cpu().numpy().copy()
+                        state[f"{prefix}{pid}.{slot}"] = value.detach().cpu().numpy().copy()
                     else:
                         meta["scalars"][f"{pid}.{slot}"] = value
-            state["optim.__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8).copy()
+            state[prefix + "__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8).copy()
         return state
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
@@ -175,13 +223,15 @@ class TorchRunner(TargetBatches):
             sd = {k[6:]: torch.from_numpy(np.array(v)) for k, v in state.items() if k.startswith("model.")}
             if sd:
                 model.load_state_dict(sd, strict=False)
-        opt = self.target.optimizer
-        if opt is not None and "optim.__meta__" in state:
-            meta = json.loads(bytes(np.asarray(state["optim.__meta__"], dtype=np.uint8)).decode())
+        for i, opt in enumerate(self._optimizers):
+            prefix = _optim_prefix(i)
+            if prefix + "__meta__" not in state:
+                continue
+            meta = json.loads(bytes(np.asarray(state[prefix + "__meta__"], dtype=np.uint8)).decode())
             slots: dict[int, dict] = {}
             for key, value in state.items():
-                if key.startswith("optim.") and key != "optim.__meta__":
-                    _, pid, slot = key.split(".", 2)
+                if key.startswith(prefix) and key != prefix + "__meta__":
+                    pid, slot = key[len(prefix):].split(".", 1)
                     slots.setdefault(int(pid), {})[slot] = torch.from_numpy(np.array(value)).to(self.device)
             for key, value in meta["scalars"].items():
                 pid, slot = key.split(".", 1)
@@ -189,11 +239,12 @@ class TorchRunner(TargetBatches):
             opt.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
 
     def reset(self) -> None:
-        """Back to the factory's initial state (weights, buffers, optimizer)."""
+        """Back to the factory's initial state (weights, buffers, every optimizer)."""
         super().reset()
-        if self.target.optimizer is not None and not any(k.startswith("optim.") and k != "optim.__meta__"
-                                                           for k in self._initial):
-            self.target.optimizer.state.clear()
+        for i, opt in enumerate(self._optimizers):
+            prefix = _optim_prefix(i)
+            if not any(k.startswith(prefix) and k != prefix + "__meta__" for k in self._initial):
+                getattr(opt, "state", {}).clear()   # load_state_dict keeps slots it is not given
 
     def versions(self) -> dict[str, str]:
         return {"torch": torch.__version__}
@@ -296,10 +347,12 @@ class TorchRunner(TargetBatches):
             seed_everything(seed ^ 0x5EED5EED)     # the step's own seed: the same in every process
             target.train_step({k: v.detach() for k, v in batch.items()})
             ev.passes += 1
-        elif target.optimizer is not None and loss.requires_grad:
-            target.optimizer.zero_grad(set_to_none=True)
+        elif self._optimizers and loss.requires_grad:
+            for opt in self._optimizers:
+                opt.zero_grad(set_to_none=True)
             loss.mean().backward()
-            target.optimizer.step()
+            for opt in self._optimizers:
+                opt.step()
         else:
             return
         ev.trained = True
