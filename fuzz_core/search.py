@@ -207,7 +207,7 @@ class SiteSearch:
         self._t0 = time.perf_counter()
         try:
             if refresh:
-                self.strategy.refresh(self, fraction=0.25)
+                self.strategy.refresh(self, fraction=self.strategy.refresh_fraction)
             while self.step < self._end and not self.unreachable:
                 self.strategy.iterate(self)
         except (QuantumOver, Triggered):

@@ -214,3 +214,25 @@ def test_every_strategy_counts_steps_in_the_trace(strategy):
     res = s.run(30)
     assert [p.step for p in res.trace] == list(range(1, res.steps + 1))
     assert runner.calls == res.steps
+
+
+class _WideRunner(FakeRunner):
+    """The fake program with a batch of 40 samples."""
+
+    def sample(self, rng):
+        return {"x": rng.uniform(-1, 1, size=(40, self.w.size)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("strategy, rows", [("grist", 2), ("adaptive", 10)])
+def test_a_scheduler_refresh_replaces_the_strategys_own_share_of_the_batch(strategy, rows):
+    """grist replaces 5% of its batch (GRIST's own refresh), adaptive a quarter: a refresh the
+    scheduler asks for must not replace more of a grist batch than GRIST itself would."""
+    runner = _WideRunner("div", np.linspace(-1, 1, 8))
+    search = SiteSearch(runner, runner.discover(None, 0)[0], SearchConfig(strategy, 100, 0))
+    search.run(3)
+    changed = 0
+    for _ in range(2):                    # adaptive walks out of a plateau first, then refreshes
+        before = search.values["x"].copy()
+        search.run(0, refresh=True)       # the refresh alone, no step
+        changed = max(changed, int((search.values["x"] != before).any(axis=1).sum()))
+    assert changed == rows

@@ -58,6 +58,7 @@ SLOW = 0.5               # an accepted step that kept more than this fraction of
 
 class Adaptive(Strategy):
     name = "adaptive"
+    refresh_fraction = REFRESH_FRACTION
 
     def iterate(self, s) -> None:
         cur: Evaluation | None = s.cache.get("current")

@@ -17,6 +17,7 @@ class Strategy(ABC):
     """Decides where the search steps next; :class:`SiteSearch` owns budget and trace."""
 
     name = "base"
+    refresh_fraction = 0.25   # share of the batch a refresh the scheduler asks for replaces
 
     @abstractmethod
     def iterate(self, s: "SiteSearch") -> None:
