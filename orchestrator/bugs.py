@@ -11,9 +11,8 @@ def find_tracking_uri(cli_uri: str | None, cwd: Path | None = None) -> str | Non
         return cli_uri
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    import json
-
-    from orchestrator.summary import FILENAME
+    from fuzz_core.io import read_json
+    from orchestrator.summary import FILENAME, tracking_uri_of
 
     cwd = cwd or Path.cwd()
     newest, uri = -1.0, None
@@ -21,8 +20,7 @@ def find_tracking_uri(cli_uri: str | None, cwd: Path | None = None) -> str | Non
         try:
             mtime = summary.stat().st_mtime
             if mtime > newest:
-                data = json.loads(summary.read_text())
-                run_uri = (data.get("run") or {}).get("tracking_uri")
+                run_uri = tracking_uri_of(read_json(summary))
                 if run_uri:
                     newest, uri = mtime, run_uri
         except (OSError, ValueError):

@@ -142,14 +142,15 @@ def bugs(campaign: Optional[str] = typer.Option(None, "--campaign", help="only t
 def sync(run_folder: Path = typer.Argument(..., help="a run folder whose tracking was spooled"),
          tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="default: the run's own")) -> None:
     """Send what a run spooled while MLflow was unreachable (exit 1 if some is still left)."""
+    from fuzz_core.io import read_json
+    from orchestrator.summary import tracking_uri_of
     from orchestrator.tracking_sender import SPOOL_NAME, replay_spool
 
     summary = run_folder / "summary.json"
     uri = tracking_uri
     if uri is None and summary.is_file():
         try:
-            data = json.loads(summary.read_text())
-            uri = ((data.get("run") or {}) if isinstance(data, dict) else {}).get("tracking_uri")
+            uri = tracking_uri_of(read_json(summary))
         except (OSError, ValueError) as exc:
             _fail(f"{summary}: cannot be read ({exc}): give --tracking-uri")
     if not uri:

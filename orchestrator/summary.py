@@ -19,6 +19,14 @@ SCHEMA_VERSION = 1
 FILENAME = "summary.json"
 
 
+def tracking_uri_of(summary: Any) -> str | None:
+    """The tracking URI a parsed summary.json names for its run; None when the file names none
+    or is not shaped like a summary (a hand-edited or truncated file)."""
+    run = summary.get("run") if isinstance(summary, dict) else None
+    uri = run.get("tracking_uri") if isinstance(run, dict) else None
+    return uri or None
+
+
 @dataclass
 class SiteRecord:
     site: OpSite

@@ -20,6 +20,7 @@ from pathlib import Path
 from fuzz_core.findings import REPORT
 from fuzz_core.io import read_json
 from orchestrator.summary import FILENAME as SUMMARY
+from orchestrator.summary import tracking_uri_of
 
 
 class TriageState(str, Enum):
@@ -93,7 +94,7 @@ def _from_folder(folder: Path, tracking_uri: str | None, cwd: Path | None) -> tu
     site_id, label = str(site.get("id", "")), str(site.get("label", ""))
     run_dir = folder.parent.parent if folder.parent.name == "findings" else None
     summary = _summary(run_dir)
-    uri = _default_uri(tracking_uri, (summary.get("run") or {}).get("tracking_uri"), cwd)
+    uri = _default_uri(tracking_uri, tracking_uri_of(summary), cwd)
     run_id = next((s.get("mlflow_run_id") for s in summary.get("sites", []) if s.get("id") == site_id), None)
     if not run_id:
         run_id = _search_run(uri, (summary.get("campaign") or {}).get("name"), site_id, folder)
@@ -104,9 +105,10 @@ def _summary(run_dir: Path | None) -> dict:
     if run_dir is None or not (run_dir / SUMMARY).is_file():
         return {}
     try:
-        return read_json(run_dir / SUMMARY)
+        summary = read_json(run_dir / SUMMARY)
     except (OSError, ValueError):
         return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def _default_uri(cli: str | None, own: str | None, cwd: Path | None) -> str:

@@ -91,3 +91,20 @@ def test_sync_with_an_unreadable_summary_is_a_one_line_error(tmp_path: Path, con
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert "summary.json" in result.output or "--tracking-uri" in result.output
     assert "Traceback" not in result.output
+
+
+def test_the_newest_run_lookup_skips_summaries_that_name_no_tracking_uri(tmp_path: Path, monkeypatch):
+    import os
+
+    from orchestrator.bugs import find_tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    good = tmp_path / "runs" / "a-1" / "summary.json"
+    good.parent.mkdir(parents=True)
+    good.write_text('{"run": {"tracking_uri": "sqlite:////tmp/a.db"}}')
+    for i, content in enumerate(["{not json", "[1, 2]", '{"run": null}', '{"run": ["x"]}']):
+        bad = tmp_path / "runs" / f"b-{i}" / "summary.json"
+        bad.parent.mkdir(parents=True)
+        bad.write_text(content)
+        os.utime(bad, (good.stat().st_mtime + 10 + i,) * 2)   # newer than the good one
+    assert find_tracking_uri(None, tmp_path) == "sqlite:////tmp/a.db"
