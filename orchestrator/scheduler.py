@@ -423,9 +423,10 @@ class LossSlopeScheduler(Scheduler):
             return 2
         if self._on_course(s):
             return 3
-        if s.hopeless and not self._progressed(s):
+        progressed = self._progressed(s)
+        if s.hopeless and not progressed:
             return 6
-        return 4 if self._progressed(s) else 5
+        return 4 if progressed else 5
 
     def _rank(self, idle: list[_Site]) -> list[tuple[_Site, Action, int]]:
         live = [s for s in self._sites.values() if s.live]

@@ -38,8 +38,7 @@ def _gan_like(seed: int = 0, hidden_in_closure: bool = True) -> Target:
 
 def _losses(runner, site, steps=12):
     search = SiteSearch(runner, site, SearchConfig("grist", steps, 0))
-    search.run(steps)
-    return [p.suspect_loss for p in search._trace]
+    return [p.suspect_loss for p in search.run(steps).trace]
 
 
 def test_train_step_optimizers_are_found_in_its_closure():

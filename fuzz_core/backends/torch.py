@@ -101,7 +101,6 @@ def tiny_of(dtype: torch.dtype) -> float:
     return _nextafter(0.0, 1.0, dtype)
 
 
-
 def _optim_prefix(i: int) -> str:
     """State keys of the i-th optimizer: ``optim.`` for the first (the one-optimizer layout of
     older checkpoints), ``optim1.``, ``optim2.``, ... for the others."""
@@ -147,6 +146,7 @@ def program_optimizers(target: Target) -> list[Any]:
     if target.train_step is not None:
         walk(target.train_step, 0)
     return found
+
 
 def program_loss(out: Any) -> torch.Tensor | None:
     """The loss of a program's return value: a tensor, the first of a tuple, or out["loss"]."""
