@@ -30,6 +30,8 @@ def load_previous(run_dir: Path) -> tuple[Campaign, dict, dict[str, SiteRecord]]
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot read it: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a run summary (a JSON {type(data).__name__}, not an object)")
     campaign = parse_campaign((data.get("campaign") or {}).get("config"), path)
     records: dict[str, SiteRecord] = {}
     for s in data.get("sites", []):

@@ -108,3 +108,11 @@ def test_the_newest_run_lookup_skips_summaries_that_name_no_tracking_uri(tmp_pat
         bad.write_text(content)
         os.utime(bad, (good.stat().st_mtime + 10 + i,) * 2)   # newer than the good one
     assert find_tracking_uri(None, tmp_path) == "sqlite:////tmp/a.db"
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]"])
+def test_resume_of_an_unreadable_summary_is_a_one_line_error(tmp_path: Path, content: str):
+    (tmp_path / "summary.json").write_text(content)
+    result = CliRunner().invoke(app, ["run", "--resume", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "summary.json" in result.output and "Traceback" not in result.output
