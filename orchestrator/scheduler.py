@@ -58,13 +58,16 @@ class Decision:
 class SiteProgress:
     """A site's report after a quantum: ``losses`` holds the suspect loss after each step
     of that quantum (>= 0, 0 at the boundary; nan/inf tolerated), ``steps_used`` the
-    site's total so far."""
+    site's total so far. ``log_space``: the losses are logs of the margin (less a floor),
+    as for ``log`` and ``div``: their zero is arbitrary, so a fall counts by the share of
+    the margin it removes (a difference of logs), not by its share of the loss."""
     site_id: str
     steps_used: int
     losses: tuple[float, ...]
     best_loss: float
     triggered: bool
     plateau_hint: bool = False
+    log_space: bool = False
 
 
 class Allocation(NamedTuple):
@@ -119,9 +122,15 @@ def _predicted_steps(loss: float, slope: float, eps: float = EPS) -> float:
     return 0.0 if loss <= 0 else loss / max(eps, -slope)
 
 
-def _is_plateau(losses: Sequence[float], tol: float) -> bool:
-    """True when the finite losses fell by less than ``tol`` of their level (flat or
-    rising); False when too few, or at the boundary."""
+def _small_fall(fall: float, level: float, tol: float, log_space: bool = False) -> bool:
+    """True when a fall of the loss to ``level`` removed at most ``tol`` of the margin: of the
+    level for a plain loss, ``-log(1 - tol)`` for a log-space one (a ratio of margins)."""
+    return fall <= (-math.log1p(-tol) if log_space else tol * abs(level))
+
+
+def _is_plateau(losses: Sequence[float], tol: float, log_space: bool = False) -> bool:
+    """True when the finite losses fell by at most ``tol`` of the margin (flat or rising,
+    see :func:`_small_fall`); False when too few, or at the boundary."""
     trace = _floats(losses)
     y = np.asarray([v for v in trace if math.isfinite(v)], dtype=float)
     if y.size < 3:
@@ -131,7 +140,7 @@ def _is_plateau(losses: Sequence[float], tol: float) -> bool:
     slope = _slope(trace)
     if not math.isfinite(level) or level == 0 or math.isnan(slope):
         return False
-    return -slope * (len(trace) - 1) <= tol * level
+    return _small_fall(-slope * (len(trace) - 1), level, tol, log_space)
 
 
 def _quantum_for(pred: float, ref: float, quantum: int, lo: int, hi: int) -> int:
@@ -180,6 +189,7 @@ class _Site:
     gained: int = 0                  # steps used when the best loss last improved
     curve: deque = field(default_factory=deque)  # best loss so far, after each recent loss
     moving: bool = True              # the recent losses are not all one value
+    log_space: bool = False          # its losses are logs of the margin
 
     @property
     def live(self) -> bool:
@@ -312,9 +322,11 @@ class LossSlopeScheduler(Scheduler):
 
     A site's predicted steps to trigger are ``best / max(eps, fall)``: its best loss over the
     fall per step of its best-loss curve over the last ``window`` losses (monotone, so noise in
-    the loss does not read as progress; a fall within ``plateau_tol`` of the level counts as
-    none, so a loss parked just above a clamp, say at 1e-45, is not "almost there").
-    Serving order, by tier:
+    the loss does not read as progress; a fall that removes at most ``plateau_tol`` of the
+    margin counts as none, so a loss parked just above a clamp, say at 1e-45, is not "almost
+    there"). A site that reports log-space losses (``SiteProgress.log_space``) is judged by
+    differences of its logs: their zero, the smallest float, is arbitrary. Serving order, by
+    tier:
 
     0. sites passed over ``starve_after`` allocations in a row (a backstop);
     1. sites never served, with a probe of ``probe_quanta * quantum / live sites`` steps
@@ -323,8 +335,10 @@ class LossSlopeScheduler(Scheduler):
        of a live site (default ``min_quantum / max_quantum``: a min quantum for every max
        quantum the leader gets), least served first, min_quantum each. The floor grows with
        what the others got, so a flat site that will trigger suddenly is never starved;
-    3. sites on course (predicted to trigger within their remaining budget), closest first,
-       ``quantum * ref / pred`` steps each (``ref``: the median prediction of such sites);
+    3. sites on course (still falling: a finite prediction, even past their remaining budget,
+       since a straight line through a curve is a poor guide: a log loss often jumps to 0 from
+       far above it), closest first, ``quantum * ref / pred`` steps each (``ref``: the median
+       prediction of such sites);
     4. sites off course that have progressed (best loss at most ``progress`` times their
        first), those whose loss still moves first, then least served first, a quantum each
        (min_quantum once hopeless: a bug that wanders near the edge before it triggers looks
@@ -333,7 +347,7 @@ class LossSlopeScheduler(Scheduler):
        else a quantum;
     6. hopeless sites that never progressed: min_quantum.
 
-    A plateau (the loss window fell by less than ``plateau_tol`` of its level, or rose) gets a
+    A plateau (the loss window removed at most ``plateau_tol`` of the margin, or rose) gets a
     REFRESH; after ``max_refreshes`` fruitless ones in a row the site is hopeless, and once
     its best loss has not improved for ``retire_after`` of its steps (default: half the
     budget) it is retired as exhausted, its remaining budget left to the others."""
@@ -370,6 +384,8 @@ class LossSlopeScheduler(Scheduler):
     def _observe(self, site: _Site, progress: SiteProgress) -> None:
         losses = _floats(progress.losses)
         finite = [v for v in losses if math.isfinite(v)]
+        site.log_space = ls = _flag(progress.log_space)
+        tol = self.plateau_tol
         if finite:
             site.loss = finite[-1]
             if math.isnan(site.first):
@@ -377,7 +393,8 @@ class LossSlopeScheduler(Scheduler):
         before = site.best
         best = [v for v in finite + [_number(progress.best_loss)] if math.isfinite(v)]
         site.best = min([site.best, *best])
-        if site.best < before * (1 - self.plateau_tol) or (site.best < before and not math.isfinite(before)):
+        fell = site.best < before
+        if fell and (not math.isfinite(before) or not _small_fall(before - site.best, before, tol, ls)):
             site.gained = site.reported
         site.trace = deque(list(site.trace) + losses, maxlen=self.window)
         running, curve = site.curve[-1] if site.curve else math.inf, []
@@ -387,18 +404,19 @@ class LossSlopeScheduler(Scheduler):
         site.curve = deque(list(site.curve) + curve, maxlen=self.window)
         if len(site.curve) < 2:
             site.pred = math.nan
-        elif site.curve[0] - site.curve[-1] <= self.plateau_tol * abs(site.curve[-1]):
+        elif _small_fall(site.curve[0] - site.curve[-1], site.curve[-1], tol, ls):
             site.pred = math.inf  # no fall beyond the plateau tolerance: no evidence of progress
-        elif finite and not site.best < before:
+        elif finite and not fell:
             site.pred = math.inf  # no new best in this report: the fall has stopped, for now
         else:
             site.pred = _predicted_steps(site.best, -(site.curve[0] - site.curve[-1]) / (len(site.curve) - 1))
         site.moving = len(set(finite[-self.window:])) > 1 if finite else site.moving
         full = len(site.trace) == self.window
-        flat = full and _is_plateau(site.trace, self.plateau_tol)
+        flat = full and _is_plateau(site.trace, tol, ls)
         site.plateau = _flag(progress.plateau_hint) or flat
         if site.plateau and site.best_at_refresh is not None:  # judge the last refresh
-            helped = site.best < site.best_at_refresh * (1 - self.plateau_tol)
+            helped = site.best < site.best_at_refresh and not _small_fall(
+                site.best_at_refresh - site.best, site.best_at_refresh, tol, ls)
             site.fruitless = 0 if helped else site.fruitless + 1
             site.best_at_refresh = None
         site.hopeless = site.plateau and site.fruitless >= self.max_refreshes
@@ -411,10 +429,15 @@ class LossSlopeScheduler(Scheduler):
 
     # -- ranking --------------------------------------------------------------------------
     def _progressed(self, s: _Site) -> bool:
+        """The best loss is at most ``progress`` times the first: that share of the way to the
+        edge in the loss's own units (for a log-space loss, in orders of magnitude of the
+        margin, so a guard's clamp at 1e-12 that the margin merely approaches does not count)."""
         return math.isfinite(s.first) and s.first > 0 and s.best <= self.progress * s.first
 
     def _on_course(self, s: _Site) -> bool:
-        return not s.hopeless and s.pred <= self._remaining(s)
+        """Still falling (a finite prediction), however far: a prediction is a straight line
+        through a curve that is rarely straight (a log loss can jump to 0 from far above it)."""
+        return not s.hopeless and s.pred < math.inf
 
     def _tier(self, s: _Site, floor: float) -> int:
         if s.served < 0:
