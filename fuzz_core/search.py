@@ -72,6 +72,7 @@ class QuantumResult:
     candidate: Candidate | None = None
     error: str | None = None
     seconds: float = 0.0
+    log_space: bool = False     # the trace's suspect losses are log-space (see suspect_loss)
 
     @property
     def triggered(self) -> bool:
@@ -215,7 +216,7 @@ class SiteSearch:
         finally:
             self.seconds += time.perf_counter() - self._t0
         return QuantumResult(self.site.id, self.step, self.step - start, self._trace, self.status(),
-                             self.best, self.candidate, seconds=self.seconds)
+                             self.best, self.candidate, seconds=self.seconds, log_space=self.spec.log_space)
 
     def status(self) -> SiteStatus:
         if self.candidate is not None:

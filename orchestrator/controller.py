@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fuzz_core.catalogue import DEFAULT_CATALOGUE
 from fuzz_core.dedupe import record_finding
 from fuzz_core.engine import TargetSpec
 from fuzz_core.findings import write_finding
@@ -142,8 +141,7 @@ class Controller:
             self._retire(rec, SiteStatus.ERROR)
             return
         log.info("%s: %s; resuming from its checkpoint", rec.site.label, outcome)
-        self.scheduler.on_progress(SiteProgress(rec.site.id, rec.steps, (), rec.best_loss, False,
-                                                log_space=_log_space(rec.site.op)))
+        self.scheduler.on_progress(SiteProgress(rec.site.id, rec.steps, (), rec.best_loss, False))
 
     def _quantum(self, rec: SiteRecord, out: QuantumOutcome) -> None:
         result = out.result
@@ -167,7 +165,7 @@ class Controller:
             return
         losses = tuple(p.suspect_loss for p in result.trace)
         self.scheduler.on_progress(SiteProgress(rec.site.id, result.steps, losses, rec.best_loss,
-                                                out.finding is not None, log_space=_log_space(rec.site.op)))
+                                                out.finding is not None, log_space=result.log_space))
         if out.finding is not None:
             self._finish(rec, SiteStatus.FOUND)
         elif status is SiteStatus.EXHAUSTED:
@@ -224,14 +222,6 @@ class Controller:
             self.tracker.set_tags(rec.site.id, tags)
             self.tracker.end(rec.site.id, end)
         self.on_change()
-
-
-def _log_space(op: str) -> bool:
-    """Whether the search measures ``op``'s suspect loss in log space (see SiteProgress)."""
-    try:
-        return DEFAULT_CATALOGUE[op].log_space
-    except KeyError:          # an op the driver's catalogue lacks: a plain loss
-        return False
 
 
 def checkpoint_paths(run_dir: Path, site_id: str) -> tuple[Path, Path]:

@@ -384,8 +384,9 @@ class LossSlopeScheduler(Scheduler):
     def _observe(self, site: _Site, progress: SiteProgress) -> None:
         losses = _floats(progress.losses)
         finite = [v for v in losses if math.isfinite(v)]
-        site.log_space = ls = _flag(progress.log_space)
-        tol = self.plateau_tol
+        if losses:                 # a report without losses (a resume) does not say
+            site.log_space = _flag(progress.log_space)
+        ls, tol = site.log_space, self.plateau_tol
         if finite:
             site.loss = finite[-1]
             if math.isnan(site.first):

@@ -142,3 +142,25 @@ def test_fractional_gpus_pack_actors_on_logical_gpu(ray_session):
         assert len({str(i[0]) for i in ids}) == 1      # two halves of the same logical GPU
     finally:
         executor.shutdown()
+
+
+def test_the_scheduler_hears_which_sites_report_log_space_losses(tmp_path: Path, monkeypatch):
+    """A division's loss is log-space, an exp's is not: the controller passes on what the
+    search measured, so loss-slope reads each on its own scale (in process, no Ray)."""
+    from orchestrator.scheduler import LossSlopeScheduler
+
+    heard: dict[str, bool] = {}
+    on_progress = LossSlopeScheduler.on_progress
+
+    def spy(self, progress):
+        if progress.losses:
+            heard[progress.site_id] = progress.log_space
+        return on_progress(self, progress)
+
+    monkeypatch.setattr(LossSlopeScheduler, "on_progress", spy)
+    path = write_campaign(tmp_path, "logspace", {"expov": PLANTED["expov"]}, actors=1,
+                          extra="tracking: {enabled: false}\n")
+    outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False, local=True))
+    ops = {s["id"]: s["op"] for s in summary_of(outcome)["sites"]}
+    assert {ops[i] for i in heard} == {"exp", "div"}, (heard, ops)
+    assert all(heard[i] == (ops[i] == "div") for i in heard), (heard, ops)

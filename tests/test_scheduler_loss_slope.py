@@ -69,6 +69,9 @@ def test_a_log_space_loss_is_judged_by_the_margin_it_removes():
     assert 0 < log._sites["log"].pred < math.inf
     first = log.allocate(1)[0]
     assert first.site_id == "log" and first.steps >= log.quantum
+    # a report with no losses (a site resumed from its checkpoint) does not unsay it
+    log.on_progress(SiteProgress("log", 30, (), 104.0, False))
+    assert log._sites["log"].log_space
 
 
 def test_a_site_still_falling_outranks_flat_ones_even_when_its_budget_looks_short():

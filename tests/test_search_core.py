@@ -147,6 +147,12 @@ def test_quasi_newton_step_solves_a_quadratic_from_its_curvature_pairs():
     assert runner.evaluate(step, s.site).hard < 1e-6 * ev0.hard   # the Newton step lands on the minimum
 
 
+def test_a_quantum_says_whether_its_losses_are_log_space():
+    """The scheduler judges a log-space loss by differences of logs; the site's spec says."""
+    assert _search("log")[1].run(1).log_space is True
+    assert _search("valley")[1].run(1).log_space is False        # sqrt: a plain margin
+
+
 def test_budget_is_never_exceeded_and_quanta_add_up():
     runner, s = _search("div", "random", max_steps=50)
     total = 0
