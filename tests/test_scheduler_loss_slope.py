@@ -47,49 +47,43 @@ def test_a_loss_parked_just_above_a_clamp_is_not_about_to_trigger():
 
 
 
-def test_a_log_space_loss_is_judged_by_the_margin_it_removes():
-    """log(margin) less a floor sits near 100 for a log or a division: a fall of 0.05 per step
-    is 1% of that level in 16 steps (flat, for a plain loss) but removes 5% of the margin at
-    every step (log space). Reported as log space, the site is falling and gets the steps."""
-    def after_two_reports(log_space):
-        sched = make_scheduler("loss-slope", 600, 20)
-        for s in ("flat", "log"):
-            sched.add_site(s)
-        used = Counter()
-        for _ in range(2):
-            for d in sched.allocate(2):
-                used[d.site_id] += d.steps
-                losses = ([5.0] * d.steps if d.site_id == "flat" else
-                          [105.0 - 0.05 * (used["log"] - d.steps + i) for i in range(d.steps)])
-                _report(sched, d, losses, used=used[d.site_id], log_space=log_space and d.site_id == "log")
-        return sched
-
-    plain, log = after_two_reports(False), after_two_reports(True)
-    assert plain._sites["log"].pred == math.inf          # a 1% fall of the loss: no evidence
-    assert 0 < log._sites["log"].pred < math.inf
-    first = log.allocate(1)[0]
-    assert first.site_id == "log" and first.steps >= log.quantum
-    # a report with no losses (a site resumed from its checkpoint) does not unsay it
-    log.on_progress(SiteProgress("log", 30, (), 104.0, False))
-    assert log._sites["log"].log_space
-
-
-def test_a_site_still_falling_outranks_flat_ones_even_when_its_budget_looks_short():
-    """A straight line through the fall says 500 steps with 160 left, but curves are rarely
-    straight (a log loss can jump to 0 from far above): still falling beats flat."""
-    sched = make_scheduler("loss-slope", 200, 20)
-    for s in ("flat", "far"):
+def _flat_and_falling(max_steps: int, start: float, rate: float, log_space: bool = False):
+    """A scheduler after two rounds over two sites: "flat" at 5.0, and "fall" falling from
+    ``start`` by ``rate`` per step (its losses reported as log space or not)."""
+    sched = make_scheduler("loss-slope", max_steps, 20)
+    for s in ("flat", "fall"):
         sched.add_site(s)
     used = Counter()
     for _ in range(2):
         for d in sched.allocate(2):
             used[d.site_id] += d.steps
             losses = ([5.0] * d.steps if d.site_id == "flat" else
-                      [10.0 - 0.02 * (used["far"] - d.steps + i) for i in range(d.steps)])
-            _report(sched, d, losses, used=used[d.site_id])
-    far = sched._sites["far"]
+                      [start - rate * (used["fall"] - d.steps + i) for i in range(d.steps)])
+            _report(sched, d, losses, used=used[d.site_id], log_space=log_space and d.site_id == "fall")
+    return sched
+
+
+def test_a_log_space_loss_is_judged_by_the_margin_it_removes():
+    """log(margin) less a floor sits near 100 for a log or a division: a fall of 0.05 per step
+    is 1% of that level in 16 steps (flat, for a plain loss) but removes 5% of the margin at
+    every step (log space). Reported as log space, the site is falling and gets the steps."""
+    plain, log = _flat_and_falling(600, 105.0, 0.05), _flat_and_falling(600, 105.0, 0.05, log_space=True)
+    assert plain._sites["fall"].pred == math.inf          # a 1% fall of the loss: no evidence
+    assert 0 < log._sites["fall"].pred < math.inf
+    first = log.allocate(1)[0]
+    assert first.site_id == "fall" and first.steps >= log.quantum
+    # a report with no losses (a site resumed from its checkpoint) does not unsay it
+    log.on_progress(SiteProgress("fall", 30, (), 104.0, False))
+    assert log._sites["fall"].log_space
+
+
+def test_a_site_still_falling_outranks_flat_ones_even_when_its_budget_looks_short():
+    """A straight line through the fall says 500 steps with 160 left, but curves are rarely
+    straight (a log loss can jump to 0 from far above): still falling beats flat."""
+    sched = _flat_and_falling(200, 10.0, 0.02)
+    far = sched._sites["fall"]
     assert far.pred > sched._remaining(far)
-    assert [d.site_id for d in sched.allocate(1)] == ["far"]
+    assert [d.site_id for d in sched.allocate(1)] == ["fall"]
 
 
 def test_plateau_refresh_then_retire_before_the_budget_is_spent():
