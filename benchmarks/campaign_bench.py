@@ -3,7 +3,7 @@
 1. Scheduler benefit: campaigns of buggy and guarded sites; campaign-wide steps spent
    until every bug is found, ``loss-slope`` against ``round-robin``, once with ``grist``
    and once with ``adaptive``, over several seeds. Two campaigns: the subjects fed raw
-   units (grist needs hundreds of steps per bug, where allocation matters most) and the
+   units (grist needs about a hundred steps per bug and more: allocation matters most) and the
    subjects as they are (bugs in a few steps).
 2. Scaling: steps per second with 1 and 2 Ray actors on a compute-heavy subject
    (a d_model 256 Transformer), and the driver's own time per quantum.
