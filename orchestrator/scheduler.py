@@ -128,6 +128,14 @@ def _small_fall(fall: float, level: float, tol: float, log_space: bool = False) 
     return fall <= (-math.log1p(-tol) if log_space else tol * abs(level))
 
 
+def _improved(before: float, after: float, tol: float, log_space: bool = False) -> bool:
+    """True when the best loss went from ``before`` to ``after`` by more than a small fall
+    (any finite best improves on none)."""
+    if not after < before:
+        return False
+    return not math.isfinite(before) or not _small_fall(before - after, before, tol, log_space)
+
+
 def _is_plateau(losses: Sequence[float], tol: float, log_space: bool = False) -> bool:
     """True when the finite losses fell by at most ``tol`` of the margin (flat or rising,
     see :func:`_small_fall`); False when too few, or at the boundary."""
@@ -395,7 +403,7 @@ class LossSlopeScheduler(Scheduler):
         best = [v for v in finite + [_number(progress.best_loss)] if math.isfinite(v)]
         site.best = min([site.best, *best])
         fell = site.best < before
-        if fell and (not math.isfinite(before) or not _small_fall(before - site.best, before, tol, ls)):
+        if _improved(before, site.best, tol, ls):
             site.gained = site.reported
         site.trace = deque(list(site.trace) + losses, maxlen=self.window)
         running, curve = site.curve[-1] if site.curve else math.inf, []
@@ -416,8 +424,7 @@ class LossSlopeScheduler(Scheduler):
         flat = full and _is_plateau(site.trace, tol, ls)
         site.plateau = _flag(progress.plateau_hint) or flat
         if site.plateau and site.best_at_refresh is not None:  # judge the last refresh
-            helped = site.best < site.best_at_refresh and not _small_fall(
-                site.best_at_refresh - site.best, site.best_at_refresh, tol, ls)
+            helped = _improved(site.best_at_refresh, site.best, tol, ls)
             site.fruitless = 0 if helped else site.fruitless + 1
             site.best_at_refresh = None
         site.hopeless = site.plateau and site.fruitless >= self.max_refreshes
