@@ -41,12 +41,13 @@ def test_raw_units_feeds_a_subject_scaled_inputs_and_keeps_its_program():
     import numpy as np
     import torch
 
+    from benchmarks.subjects import subject_entry
     from benchmarks.targets.raw_units import make_target
     from fuzz_core import TargetError
     from fuzz_core.backends.torch import program_optimizers
+    from fuzz_core.loader import load_factory
 
-    plain = __import__("campaigns.targets.log_one_minus_sigmoid", fromlist=["make_target"]).make_target(
-        pretrain_steps=5)
+    plain = load_factory(subject_entry("log_one_minus_sigmoid"), ROOT)(pretrain_steps=5)
     raw = make_target("log_one_minus_sigmoid", scale=5.0, pretrain_steps=5)
     assert raw.bounds == {"x": (-15.0, 15.0)} and raw.search == ["x"]
     a, b = plain.sample(np.random.default_rng(0)), raw.sample(np.random.default_rng(0))

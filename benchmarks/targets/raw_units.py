@@ -42,10 +42,12 @@ def make_target(subject: str, scale: float = 10.0, seed: int = 0, **args) -> Tar
     def program(b: dict):
         return inner.program(standardised(b))
 
+    def raw(v) -> np.ndarray:
+        a = np.asarray(v)
+        return a * a.dtype.type(scale)        # keeps the sample's dtype (float32 stays float32)
+
     def sample(rng: np.random.Generator) -> dict:
-        b = inner.sample(rng)
-        return {k: (np.asarray(v) * np.asarray(scale, dtype=np.asarray(v).dtype) if k in names else v)
-                for k, v in b.items()}
+        return {k: (raw(v) if k in names else v) for k, v in inner.sample(rng).items()}
 
     step = inner.train_step   # a local, so that the runner finds its optimizers in the closure
     train_step = None if step is None else (lambda b: step(standardised(b)))
