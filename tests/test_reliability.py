@@ -321,12 +321,17 @@ def test_ctrl_c_stops_cleanly_closes_runs_as_killed_and_keeps_findings(tmp_path:
     from mlflow.tracking import MlflowClient
 
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    # a shell that starts the suite in the background (nohup, "&") hands it SIGINT ignored,
-    # and a child keeps that: give the child the default disposition, as a terminal would
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", "--plain",
-                             str(_campaign(tmp_path, "ctrlc", tmp_path / "out"))], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # a shell that starts the suite in the background (nohup, "&") hands it SIGINT ignored, and
+    # a child keeps an ignored signal across exec; a Python handler is reset to the default
+    # there instead, so the child gets SIGINT as a terminal would (no preexec_fn: the test
+    # process has Ray's threads, and code between fork and exec may then deadlock)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", "--plain",
+                                 str(_campaign(tmp_path, "ctrlc", tmp_path / "out"))], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 300
     run_dir = None
     while time.monotonic() < deadline and run_dir is None:
