@@ -1,10 +1,11 @@
 """Campaign-level measurements (issue 3), side by side in one run.
 
 1. Scheduler benefit: campaigns of buggy and guarded sites; campaign-wide steps spent
-   until every bug is found, ``loss-slope`` against ``round-robin``, once with ``grist``
-   and once with ``adaptive``, over several seeds. Two campaigns: the subjects fed raw
-   units (grist needs about a hundred steps per bug and more: allocation matters most) and the
-   subjects as they are (bugs in a few steps).
+   until every bug is found (that either policy finds), ``loss-slope`` against
+   ``round-robin``, once with ``grist`` and once with ``adaptive``, over 16 seeds. Two
+   campaigns: the subjects fed raw units (grist needs a hundred to a few hundred steps per
+   bug: allocation matters most; the issue's targets are judged on it) and the subjects as
+   they are (bugs in a few steps).
 2. Scaling: steps per second with 1 and 2 Ray actors on a compute-heavy subject
    (a d_model 256 Transformer), and the driver's own time per quantum.
 3. Overhead: the recorder's forward+backward time against the plain program.
@@ -79,8 +80,13 @@ def campaign(targets: dict, strategy: str, policy: str, max_steps: int, quantum:
         "tracking": {"enabled": False}})
 
 
-def run_controller(camp, executor, run_dir: Path, select=None):
-    """Run one campaign in this process; ``select(site) -> bool`` keeps only some sites."""
+class _Enough(Exception):
+    """Raised from the controller's loop once ``stop_when`` holds."""
+
+
+def run_controller(camp, executor, run_dir: Path, select=None, stop_when=None):
+    """Run one campaign in this process; ``select(site) -> bool`` keeps only some sites;
+    ``stop_when(controller) -> bool``, asked after each quantum, ends the campaign early."""
     from fuzz_core.search import SearchConfig
     from orchestrator.campaign import target_specs
     from orchestrator.controller import Controller, LoopLimits
@@ -97,6 +103,8 @@ def run_controller(camp, executor, run_dir: Path, select=None):
         t = time.perf_counter()
         handle(task, outcome)
         timings.append(time.perf_counter() - t)
+        if stop_when is not None and stop_when(ctl):
+            raise _Enough
 
     ctl._handle = timed
     found = executor.discover(list(specs.values()))
@@ -105,7 +113,10 @@ def run_controller(camp, executor, run_dir: Path, select=None):
                  for name, sites in found.items()}
     ctl.add_targets(found)
     t0 = time.perf_counter()
-    ctl.run()
+    try:
+        ctl.run()
+    except _Enough:
+        pass
     return ctl, time.perf_counter() - t0, timings
 
 
@@ -120,14 +131,18 @@ def run_controller(camp, executor, run_dir: Path, select=None):
 SCHED_BUGS = [("softmax_xent_mlp", "log", 0), ("vae_sqrt_var", "sqrt", 0), ("div_sum_exp", "div", 0),
               ("exp_overflow_softmax", "exp", 1), ("pow_fractional", "pow", 1)]
 # "raw units": every subject fed its searched inputs times RAW_SCALE (benchmarks/targets/
-# raw_units.py), so that grist's fixed 0.15 step needs RAW_SCALE times as many steps: about a
-# hundred per bug, up to ~190, the regime issue 3 names. Bugs: every site grist alone finds on
-# each of the seeds 0-3 within 600 steps at that scale, one per subject (measured when this was
-# written: 33-60, 37-71, 97-121, 53-99 and 51-62 steps). The rest lose their bug on some seed in
-# raw units (softmax_xent_mlp, vae_sqrt_var, pow_fractional, rsqrt_norm, nan_not_in_loss; at
-# scale 10 div_sum_exp too), are never found by grist (acos_cosine, arcface_acos), or trigger in
-# a handful of steps whatever the scale (train_only_bug: its own training overflows).
-RAW_SCALE = 5.0
+# raw_units.py), so that grist's fixed 0.15 step needs RAW_SCALE times as many steps: a hundred
+# to a few hundred per bug, the regime issue 3 names ("hundreds of steps per bug"), with a budget
+# per site to match. Bugs: every site grist alone found on each of the seeds 0-3 within 600 steps
+# at scale 5, one per subject (picked before the scale became 10). Grist alone, scale 10, seeds
+# 0-15: div_sum_exp 57-1393 steps (never on seed 7), exp_overflow_softmax 58-141,
+# gan_log_d 139-1471, log_one_minus_sigmoid 83-189 (never on seed 5), rbm_free_energy 101-122;
+# RAW_MAX_STEPS covers the slowest. The rest lose their bug on some seed in raw units
+# (softmax_xent_mlp, vae_sqrt_var, pow_fractional, rsqrt_norm, nan_not_in_loss), are never found
+# by grist (acos_cosine, arcface_acos), or trigger in a handful of steps whatever the scale
+# (train_only_bug: its own training overflows).
+RAW_SCALE = 10.0
+RAW_MAX_STEPS = 1500
 RAW_BUGS = [("div_sum_exp", "div", 0), ("exp_overflow_softmax", "exp", 1), ("gan_log_d", "log", 1),
             ("log_one_minus_sigmoid", "log", 1), ("rbm_free_energy", "exp", 0)]
 # Guarded: every searched torch site that cannot trigger by construction, each in its program
@@ -148,6 +163,7 @@ SCHED_SAFE_BATCHES = [8, 16]
 SCHED_SAFE_SITES = len(SCHED_SAFE) * len(SCHED_SAFE_BATCHES)
 RAW_UNITS = "benchmarks/targets/raw_units.py:make_target"
 SCHED_CAMPAIGNS = {"raw units": RAW_BUGS, "standardised": SCHED_BUGS}
+SCHED_MAX_STEPS = {"raw units": RAW_MAX_STEPS, "standardised": 600}   # per site
 
 
 def scheduler_campaign(kind: str = "standardised") -> tuple[dict, dict[str, set], dict[str, set]]:
@@ -193,39 +209,50 @@ class _Picker:
         return False
 
 
-def scheduler_run(kind: str, strategy: str, policy: str, seed: int, max_steps: int, quantum: int,
-                  tmp: str) -> dict:
-    """One scheduler campaign in this process: steps until every bug is found, and at each finding."""
+def steps_until_found(run: dict, bugs) -> int:
+    """Campaign steps until every bug in ``bugs`` (labels) was found in ``run``; a bug the run
+    missed counts as found once the campaign's steps until it gave up on its last bug, and that
+    bug's unspent budget, were spent."""
+    missed = [b for b in bugs if b not in run["found_at"]]
+    if missed:
+        return run["total"] + sum(run["unspent"][b] for b in missed)
+    return max((run["found_at"][b] for b in bugs), default=0)
+
+
+def scheduler_run(kind: str, strategy: str, policy: str, seed: int, quantum: int, tmp: str,
+                  max_steps: int | None = None) -> dict:
+    """One scheduler campaign in this process: the campaign step count at each bug's finding
+    (``found_at``, by label), the unspent budget of each bug missed, and the steps spent in all."""
     import torch
 
     from orchestrator.campaign import worker_options
     from orchestrator.executors import LocalExecutor
 
     torch.set_num_threads(1)
+    max_steps = max_steps or SCHED_MAX_STEPS[kind]
     targets, bugs, safe = scheduler_campaign(kind)
     camp = campaign(targets, strategy, policy, max_steps, quantum, 0, seed)
     ex = CountingExecutor(LocalExecutor(worker_options(camp)))
     pick = _Picker(bugs, safe)
+    # the campaign ends once every bug site is retired (found or exhausted): the guarded sites
+    # left would only add steps after the figure is known
     ctl, seconds, _ = run_controller(camp, ex, Path(tmp) / f"{kind}-{strategy}-{policy}-{seed}".replace(" ", "-"),
-                                     pick)
+                                     pick, lambda c: all(c.sites[i].status.final for i in pick.bug_ids))
     n_bugs = len(SCHED_CAMPAIGNS[kind])
     if (len(pick.bug_ids), len(pick.safe_ids)) != (n_bugs, SCHED_SAFE_SITES):
         raise SystemExit(f"the {kind} scheduler campaign has {len(pick.bug_ids)} bugs and "
                          f"{len(pick.safe_ids)} guarded sites, not {n_bugs} and "
                          f"{SCHED_SAFE_SITES}: have the subjects changed?")
-    false_alarms = sorted(ctl.sites[i].site.label for i in pick.safe_ids if i in ex.found_at)
+    false_alarms = sorted(ctl.sites[i].site.label for i in pick.safe_ids if i in ex.found_at)  # while it ran
     if false_alarms:
         raise SystemExit(f"guarded sites triggered: {false_alarms}")
-    # a bug never found counts as found once its whole budget would have been spent
-    missing = [i for i in pick.bug_ids if i not in ex.found_at]
-    until = (ex.total + sum(max_steps - ctl.sites[i].steps for i in missing) if missing
-             else max(ex.found_at[i] for i in pick.bug_ids))
-    return {"kind": kind, "strategy": strategy, "policy": policy, "seed": seed, "found": len(pick.bug_ids) - len(missing),
-            "per_bug": sorted(ex.found_at[i] for i in pick.bug_ids if i in ex.found_at),
-            "until": until, "total": ex.total, "seconds": seconds}
+    label = {i: f"{ctl.sites[i].site.target} {ctl.sites[i].site.op}" for i in pick.bug_ids}   # one bug per target
+    return {"found_at": {label[i]: ex.found_at[i] for i in pick.bug_ids if i in ex.found_at},
+            "unspent": {label[i]: max_steps - ctl.sites[i].steps for i in pick.bug_ids if i not in ex.found_at},
+            "bugs": sorted(label.values()), "total": ex.total, "seconds": seconds, "max_steps": max_steps}
 
 
-def scheduler_benefit(max_steps: int, quantum: int, tmp: Path, seeds: list[int], jobs: int,
+def scheduler_benefit(max_steps: int | None, quantum: int, tmp: Path, seeds: list[int], jobs: int,
                       kinds: list[str]) -> str:
     """Every (campaign, strategy, policy, seed) run, ``jobs`` at a time in fresh processes."""
     import importlib
@@ -237,18 +264,25 @@ def scheduler_benefit(max_steps: int, quantum: int, tmp: Path, seeds: list[int],
             for po in ("round-robin", "loss-slope")]
     runs = {}
     with ProcessPoolExecutor(max(1, jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {key: pool.submit(run, *key, max_steps, quantum, str(tmp)) for key in plan}
+        futures = {key: pool.submit(run, *key, quantum, str(tmp), max_steps) for key in plan}
         for key, future in futures.items():
-            runs[key] = future.result()
-            r = runs[key]
-            print(f"{key}: {r['found']}/{len(SCHED_CAMPAIGNS[key[0]])} bugs, until {r['until']}, "
-                  f"{r['seconds']:.0f} s", flush=True)
+            runs[key] = r = future.result()
+            print(f"{key}: {len(r['found_at'])}/{len(r['bugs'])} bugs, last at "
+                  f"{max(r['found_at'].values(), default=0)}, {r['total']} steps, {r['seconds']:.0f} s", flush=True)
     parts = [f"### Scheduler benefit\n\nTwo campaigns of 5 buggy and {SCHED_SAFE_SITES} guarded op sites, "
-             f"{max_steps} steps per site, quantum {quantum}, each run in one process (no Ray) with default "
-             f"policy settings; steps are counted campaign-wide in the order the controller received the "
-             f"quanta; a bug never found counts as found once its whole budget was spent. Each campaign "
+             f"quantum {quantum}, each run in one process (no Ray) with default policy settings; steps are "
+             f"counted campaign-wide in the order the controller received the quanta, and a campaign ends "
+             f"once every bug site is retired (found, or its budget spent or given up).\n\n"
+             f"**The figure: steps until every bug is found that either policy finds with that seed.** "
+             f"A bug one policy misses and the other finds counts, for the one that missed it, as found once "
+             f"the campaign's steps until it gave up on its last bug, and that bug's unspent budget, were spent. A bug that neither policy finds "
+             f"(grist alone never finds it with that seed either) is left out of that seed's figure: "
+             f"\"steps until every bug is found\" does not exist for it, and charging it to both would "
+             f"measure how soon each campaign gives up rather than how it allocates. The strict figure "
+             f"(every planted bug, a missed one charged) is given below each table too. Each campaign "
              f"runs with seeds {', '.join(map(str, seeds))} (`search.seed`, which also seeds the programs' "
-             f"weights): one seed is one draw. Targets are listed by name, so bugs and guarded sites "
+             f"weights): one seed is one draw. The raw-units bugs were picked on seeds 0-3, and its scale after "
+             f"runs of seeds 0-15 at scale 5 and of seeds 0-7 at this scale. Targets are listed by name, so bugs and guarded sites "
              f"interleave.\n\n"
              f"Guarded sites ({', '.join(f'`{t}` {op}' + (f'#{n}' if n else '') for t, op, n in SCHED_SAFE)}): "
              f"every searched torch site that cannot trigger by construction (a division by a norm of unit "
@@ -265,51 +299,69 @@ def scheduler_benefit(max_steps: int, quantum: int, tmp: Path, seeds: list[int],
 
 _KIND_TEXT = {
     "raw units": (
-        "#### Raw units: about a hundred grist steps per bug, the regime the issue names\n\n"
+        "#### Raw units: a hundred to a few hundred grist steps per bug, the campaign the target is for\n\n"
         "Every target is the subject fed its searched inputs in raw units, {scale:g} times the "
         "standardised ones (`benchmarks/targets/raw_units.py`: the program scales them back first, as a "
         "model that standardises its own input does), so grist's fixed 0.15 step needs {scale:g} times as "
-        "many steps. Bugs ({bugs}): every site that grist alone finds on each of the seeds 0-3 within "
-        "600 steps at this scale (33-121 steps alone when picked; `gan_log_d` up to 190 in the campaign). "
-        "Seeds 4-7 were not looked at when they were picked: on them grist alone misses `div_sum_exp` "
-        "(seed 7) and `log_one_minus_sigmoid` (seed 5), and a campaign then measures how soon it gives up. "
-        "The others lose their bug on some seed in raw units (`softmax_xent_mlp`, `vae_sqrt_var`, "
-        "`pow_fractional`, `rsqrt_norm`, `nan_not_in_loss`), or trigger at once whatever the scale "
-        "(`train_only_bug`: its own training overflows).\n"),
+        "many steps; {max_steps} steps per site. Bugs ({bugs}): every site that grist alone found on each "
+        "of the seeds 0-3 within 600 steps at scale 5, one per subject. Grist alone at this scale, seeds "
+        "0-15: `div_sum_exp` 57-1393 steps (never with seed 7), `exp_overflow_softmax` 58-141, "
+        "`gan_log_d` 139-1471, `log_one_minus_sigmoid` 83-189 (never with seed 5), `rbm_free_energy` "
+        "101-122. The other subjects lose their bug on some seed in raw units (`softmax_xent_mlp`, "
+        "`vae_sqrt_var`, `pow_fractional`, `rsqrt_norm`, `nan_not_in_loss`), or trigger at once whatever "
+        "the scale (`train_only_bug`: its own training overflows).\n"),
     "standardised": (
-        "#### Standardised: the subjects as they are (grist needs 3-77 steps per bug)\n\n"
+        "#### Standardised: the subjects as they are (grist needs 3-77 steps per bug), for contrast\n\n"
+        "{max_steps} steps per site. "
         "Bugs ({bugs}): one per hazard family that grist finds within the budget (log, sqrt, division, "
         "exp overflow, pow), in each family the one grist needed the most steps for alone with seed 0 "
         "(58, 70, 9, 12, 8 steps when picked). With other seeds grist needs 4 to 9 steps for "
         "`softmax_xent_mlp`, or never finds it: a probability reaches the smallest subnormal float, one "
         "step from 0, where its gradient underflows to 0 and grist's sign step stops; it then triggers "
         "only if the program's own training drifts it to 0. With bugs this quick the first pass over "
-        "25 sites is a large share of any policy's steps, which bounds what allocation can save.\n"),
+        "25 sites is a large share of any policy's steps, which bounds what allocation can save. The "
+        "grist target is judged on the raw-units campaign, the regime it names (hundreds of steps per "
+        "bug); this one shows what allocation can save when bugs are quick.\n"),
 }
 
 
 def _benefit_section(kind: str, runs: dict, seeds: list[int]) -> str:
-    bugs = SCHED_CAMPAIGNS[kind]
     rows, notes = [], []
+    judged = kind == "raw units"    # the campaign the issue's targets are for
     for st in ("grist", "adaptive"):
-        ratios = []
+        ratios, total, strict = [], {"round-robin": 0, "loss-slope": 0}, {"round-robin": 0, "loss-slope": 0}
         for seed in seeds:
-            rr, ls = runs[kind, st, "round-robin", seed], runs[kind, st, "loss-slope", seed]
-            ratios.append(rr["until"] / max(1, ls["until"]))
-            rows.append([st, seed] + [f"{r['found']}/{len(bugs)}: {', '.join(map(str, r['per_bug']))}"
-                                      for r in (rr, ls)] + [rr["until"], ls["until"], f"{ratios[-1]:.2f}x"])
-        total = {po: sum(runs[kind, st, po, seed]["until"] for seed in seeds) for po in ("round-robin", "loss-slope")}
+            pair = {po: runs[kind, st, po, seed] for po in total}
+            either = set(pair["round-robin"]["found_at"]) | set(pair["loss-slope"]["found_at"])
+            until = {po: steps_until_found(r, either) for po, r in pair.items()}
+            for po, r in pair.items():
+                total[po] += until[po]
+                strict[po] += steps_until_found(r, r["bugs"])
+            ratios.append(until["round-robin"] / max(1, until["loss-slope"]))
+            found = [f"{len(r['found_at'])}/{len(r['bugs'])}: {', '.join(map(str, sorted(r['found_at'].values())))}"
+                     for r in pair.values()]
+            rows.append([st, seed, *found, len(either), until["round-robin"], until["loss-slope"],
+                         f"{ratios[-1]:.2f}x"])
         ratio = total["round-robin"] / max(1, total["loss-slope"])
-        met = ratio >= 3 if st == "grist" else ratio >= 1 and min(ratios) >= 1
-        notes.append(f"- {st}: steps until every bug is found, summed over the {len(seeds)} seeds: round-robin "
-                     f"{total['round-robin']}, loss-slope {total['loss-slope']}, **{ratio:.2f}x**; per seed "
-                     f"{min(ratios):.2f}x to {max(ratios):.2f}x, median {statistics.median(ratios):.2f}x "
-                     f"(target {'>= 3x' if st == 'grist' else 'never more steps'}: {'met' if met else 'NOT met'})")
+        strict_ratio = strict["round-robin"] / max(1, strict["loss-slope"])
+        if st == "grist":
+            target = "target >= 3x: " + ("met" if ratio >= 3 else "NOT met") if judged else \
+                "the >= 3x target is judged on the raw-units campaign"
+        else:
+            target = "target never more steps: " + ("met" if min(ratios) >= 1 else "NOT met")
+        notes.append(f"- {st}: steps until every bug either policy finds is found, summed over the {len(seeds)} "
+                     f"seeds: round-robin {total['round-robin']}, loss-slope {total['loss-slope']}, "
+                     f"**{ratio:.2f}x**; per seed {min(ratios):.2f}x to {max(ratios):.2f}x, median "
+                     f"{statistics.median(ratios):.2f}x ({target}). Strict (every planted bug, a missed one "
+                     f"charged): {strict['round-robin']} against {strict['loss-slope']}, {strict_ratio:.2f}x")
     text = table(["strategy", "seed", "round-robin: bugs found, campaign steps at each finding",
-                  "loss-slope: bugs found, campaign steps at each finding",
-                  "round-robin: steps until every bug is found", "loss-slope: steps until every bug is found",
+                  "loss-slope: bugs found, campaign steps at each finding", "bugs either finds",
+                  "round-robin: steps until they are found", "loss-slope: steps until they are found",
                   "ratio"], rows)
-    intro = _KIND_TEXT[kind].format(scale=RAW_SCALE, bugs=", ".join(f"`{t}` {op}" for t, op, _ in bugs))
+    max_steps = {runs[key]["max_steps"] for key in runs if key[0] == kind}
+    bugs = SCHED_CAMPAIGNS[kind]
+    intro = _KIND_TEXT[kind].format(scale=RAW_SCALE, max_steps="/".join(map(str, sorted(max_steps))),
+                                    bugs=", ".join(f"`{t}` {op}" for t, op, _ in bugs))
     return f"{intro}\n{text}\n\n" + "\n".join(notes) + "\n"
 
 
@@ -392,11 +444,12 @@ def recorder_overhead(repeats: int = 30) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--max-steps", type=int, default=600)
+    ap.add_argument("--max-steps", type=int, default=None,
+                    help="steps per site in the scheduler campaigns (default: each campaign's own)")
     ap.add_argument("--quantum", type=int, default=20)
     ap.add_argument("--scaling-steps", type=int, default=300)
     ap.add_argument("--scaling-quantum", type=int, default=50)
-    ap.add_argument("--seeds", type=int, nargs="+", default=list(range(8)),
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(range(16)),
                     help="campaign seeds of the scheduler benchmark")
     ap.add_argument("--jobs", type=int, default=2, help="scheduler campaigns run at once")
     ap.add_argument("--campaigns", nargs="+", choices=list(SCHED_CAMPAIGNS), default=list(SCHED_CAMPAIGNS),

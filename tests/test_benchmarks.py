@@ -60,3 +60,41 @@ def test_raw_units_feeds_a_subject_scaled_inputs_and_keeps_its_program():
     assert len(program_optimizers(make_target("gan_log_d", pretrain_steps=0))) == 2
     with pytest.raises(TargetError, match="scale"):
         make_target("log_one_minus_sigmoid", scale=0)
+
+
+def _run(found_at: dict, unspent: dict, total: int) -> dict:
+    return {"found_at": found_at, "unspent": unspent, "total": total, "max_steps": 100,
+            "bugs": sorted([*found_at, *unspent])}
+
+
+def test_steps_until_found_charges_a_missed_bug_its_campaign_and_unspent_budget():
+    from benchmarks.campaign_bench import steps_until_found
+
+    run = _run({"a": 40, "b": 90}, {"c": 70}, total=500)
+    assert steps_until_found(run, ["a", "b"]) == 90
+    assert steps_until_found(run, ["a", "b", "c"]) == 570
+    assert steps_until_found(run, []) == 0
+
+
+def test_scheduler_benefit_judges_the_bugs_either_policy_finds(monkeypatch):
+    """A bug both policies miss is left out of the judged figure (it stays in the strict one); a
+    bug only one policy misses is charged to that one."""
+    import benchmarks.campaign_bench as cb
+
+    monkeypatch.setattr(cb, "SCHED_CAMPAIGNS", {"raw units": [("a", "log", 0), ("b", "div", 0), ("c", "exp", 0)]})
+    runs = {
+        # seed 0: both miss c; loss-slope finds a and b three times sooner
+        ("raw units", "grist", "round-robin", 0): _run({"a": 300, "b": 900}, {"c": 50}, total=2000),
+        ("raw units", "grist", "loss-slope", 0): _run({"a": 100, "b": 300}, {"c": 50}, total=1000),
+        # seed 1: loss-slope misses b, which round-robin finds
+        ("raw units", "grist", "round-robin", 1): _run({"a": 300, "b": 600, "c": 900}, {}, total=2000),
+        ("raw units", "grist", "loss-slope", 1): _run({"a": 100, "c": 200}, {"b": 40}, total=1000),
+    }
+    for (kind, _, po, seed), r in list(runs.items()):   # adaptive: the same runs
+        runs[kind, "adaptive", po, seed] = r
+    text = cb._benefit_section("raw units", runs, [0, 1])
+    assert "| grist | 0 | 2/3: 300, 900 | 2/3: 100, 300 | 2 | 900 | 300 | 3.00x |" in text
+    assert "| grist | 1 | 3/3: 300, 600, 900 | 2/3: 100, 200 | 3 | 900 | 1040 | 0.87x |" in text
+    assert "round-robin 1800, loss-slope 1340, **1.34x**" in text and "target >= 3x: NOT met" in text
+    assert "Strict (every planted bug, a missed one charged): 2950 against 2090" in text
+    assert "target never more steps: NOT met" in text
