@@ -191,6 +191,22 @@ def test_checkpoint_restore_continues_identically():
     assert a.step == b.step == 80
 
 
+@pytest.mark.parametrize("strategy", ["adaptive", "grist", "random"])
+@pytest.mark.parametrize("op", ["valley", "div", "log"])
+@pytest.mark.parametrize("quantum", [1, 3, 7])
+def test_a_search_does_not_depend_on_how_it_is_sliced_into_quanta(strategy, op, quantum):
+    """The scheduler picks quantum sizes; a site's search must not change with them. A quantum
+    that ends inside an iteration's list of proposals goes on with that list next time (it
+    neither skips the proposal it could not evaluate nor starts a pending escape walk first)."""
+    _, whole = _search(op, strategy, max_steps=120)
+    expected = [(p.step, p.suspect_loss, p.event) for p in whole.run(120).trace]
+    _, sliced = _search(op, strategy, max_steps=120)
+    got = []
+    while sliced.status() is SiteStatus.SEARCHING:
+        got += [(p.step, p.suspect_loss, p.event) for p in sliced.run(quantum).trace]
+    assert got == expected
+
+
 def test_adaptive_checkpoint_keeps_its_curvature_memory(tmp_path):
     """Through safetensors and JSON, as the actors do: a restored site re-evaluates its
     point (one step) and otherwise goes on as the original."""

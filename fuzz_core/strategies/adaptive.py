@@ -63,7 +63,8 @@ class Adaptive(Strategy):
     def iterate(self, s) -> None:
         cur: Evaluation | None = s.cache.get("current")
         st = s.strategy_state
-        if cur is not None and st.get("escape", 0) > 0:
+        resuming = cur is not None and st.get("open", False)   # a quantum ended inside the list
+        if cur is not None and st.get("escape", 0) > 0 and not resuming:
             self._escape(s, cur)
             return
         if cur is None:
@@ -75,15 +76,18 @@ class Adaptive(Strategy):
                 return
         tried = st.get("tried", 0)         # proposals already rejected for this point (a quantum may end
         mutated = False                    # in the middle of the list)
+        st["open"] = True                  # until the list ends: the next quantum goes on with it
         for i, (label, x_new) in enumerate(self._proposals(s, cur)):
             mutated = mutated or label == "mutation"
             if i < tried:
                 continue
-            st["tried"] = i + 1
             ev = s.evaluate(x_new, event=label, seed_step=st.get("seed_step"))
+            st["tried"] = i + 1       # only once evaluated: a quantum that ends first retries it
             if ev.seen and (ev.hard < cur.hard or self._tie(st, label, ev, cur)):
+                st["open"] = False
                 self._accept(s, x_new, ev, label)
                 return
+        st["open"] = False
         st["stall"] = st.get("stall", 0) + 1
         st["prefer"] = None
         if not mutated:      # the same list grows by the mutations: go on where it stopped
@@ -125,7 +129,6 @@ class Adaptive(Strategy):
         """Sign steps taken unconditionally, as GRIST does: they cross ReLU kinks and ridges
         where the monotone Polyak iteration stalls."""
         st = s.strategy_state
-        st["escape"] -= 1
         forget_curvature(st)                  # curvature from before the walk describes another place
         if cur.grads is None or not cur.connected:
             st["escape"] = 0
@@ -133,6 +136,7 @@ class Adaptive(Strategy):
         sizes = {k: ESCAPE_FRACTION * (hi - lo) for k, (lo, hi) in s.bounds.items()}
         x_new = sign_step(s.values, cur.grads, sizes, s.bounds)
         ev = s.evaluate(x_new, event="escape", seed_step=st.get("seed_step"))
+        st["escape"] -= 1                     # only once taken: a quantum that ends first takes it next
         if ev.seen:
             s.values, s.cache["current"] = x_new, ev
             st["tried"] = 0
