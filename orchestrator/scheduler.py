@@ -356,7 +356,8 @@ class LossSlopeScheduler(Scheduler):
     6. hopeless sites that never progressed: min_quantum.
 
     A plateau (the loss window removed at most ``plateau_tol`` of the margin, or rose) gets a
-    REFRESH; after ``max_refreshes`` fruitless ones in a row the site is hopeless, and once
+    REFRESH; after ``max_refreshes`` fruitless ones in a row the site is hopeless (until its best
+    loss improves: a window of noise that happens to fall does not undo it), and once
     its best loss has not improved for ``retire_after`` of its steps (default: half the
     budget) it is retired as exhausted, its remaining budget left to the others."""
 
@@ -405,6 +406,7 @@ class LossSlopeScheduler(Scheduler):
         fell = site.best < before
         if _improved(before, site.best, tol, ls):
             site.gained = site.reported
+            site.fruitless, site.hopeless = 0, False  # a real gain: judged afresh
         site.trace = deque(list(site.trace) + losses, maxlen=self.window)
         running, curve = site.curve[-1] if site.curve else math.inf, []
         for v in finite:
@@ -427,7 +429,8 @@ class LossSlopeScheduler(Scheduler):
             helped = _improved(site.best_at_refresh, site.best, tol, ls)
             site.fruitless = 0 if helped else site.fruitless + 1
             site.best_at_refresh = None
-        site.hopeless = site.plateau and site.fruitless >= self.max_refreshes
+        if site.plateau and site.fruitless >= self.max_refreshes:
+            site.hopeless = True  # until its best loss improves again
         if site.hopeless and site.reported - site.gained >= self.retire_after:
             site.pending = Action.RETIRE_EXHAUSTED  # refreshed, flat, and no gain for long
 

@@ -250,3 +250,38 @@ def test_a_hopeless_site_that_progressed_is_served_before_one_that_never_moved()
             serve(d)
     gained = {s: used[s] - before[s] for s in used}
     assert gained["wanders"] > 4 * gained["never"] > 0, gained  # preferred, and the other not starved
+
+
+def test_a_hopeless_site_stays_hopeless_until_its_best_loss_improves():
+    """Fruitless refreshes make a site hopeless; one report whose losses happen to fall (noise
+    above the best, no new best) must not make it a full-quantum site again, a real gain must."""
+    sched = make_scheduler("loss-slope", 10_000, 20, window=8, max_refreshes=1, retire_after=5_000)
+    sched.add_site("w")
+    used = 0
+
+    def serve(losses_for):
+        nonlocal used
+        [d] = sched.allocate(1)
+        used += d.steps
+        _report(sched, d, losses_for(d.steps), used=used)
+        return d
+
+    serve(lambda n: [0.7] * n)                               # probe
+    while not sched._sites["w"].plateau:
+        serve(lambda n: [0.7] * n)
+    assert serve(lambda n: [0.7] * n).action is Action.REFRESH   # refreshed, in vain
+    while not sched._sites["w"].hopeless:
+        serve(lambda n: [0.7] * n)
+    level = [0.95]
+
+    def falling(n):     # falls 0.01 a step, a full window of it, and stays above its best (0.7)
+        out = [level[0] - 0.01 * i for i in range(n)]
+        level[0] -= 0.01 * n
+        return out
+
+    for _ in range(3):
+        d = serve(falling)
+        assert d.action is Action.GRANT and d.steps == sched.min_quantum   # a floor grant, no refresh
+    assert not sched._sites["w"].plateau and sched._sites["w"].hopeless
+    serve(lambda n: [0.3] * n)                               # a new best
+    assert not sched._sites["w"].hopeless
