@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -133,7 +133,7 @@ class SiteSearch:
         self.unreachable = False
         self.seconds = 0.0
         self.strategy_state: dict[str, Any] = {}   # checkpointed (arrays and JSON values)
-        self.cache: dict[str, Any] = {}            # transient (the last evaluation), not checkpointed
+        self.cache: dict[str, Any] = {}            # a strategy's last evaluations (checkpointed)
         self._trace: list[TracePoint] = []
         self._end = 0
         self._t0 = 0.0
@@ -254,7 +254,12 @@ class SiteSearch:
                 meta_strategy[k] = v
         meta = {"step": self.step, "best": self.best, "trained": self.trained, "seconds": self.seconds,
                 "unreachable": self.unreachable, "rng": self.rng.bit_generator.state,
-                "strategy": meta_strategy, "bounds": {k: list(v) for k, v in self.bounds.items()}}
+                "strategy": meta_strategy, "bounds": {k: list(v) for k, v in self.bounds.items()},
+                "cache": {}}
+        for key, ev in self.cache.items():
+            if isinstance(ev, Evaluation):
+                ev_arrays, meta["cache"][key] = _evaluation_to_checkpoint(ev)
+                arrays.update({f"cache.{key}.{name}": v for name, v in ev_arrays.items()})
         return arrays, meta
 
     def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
@@ -270,9 +275,52 @@ class SiteSearch:
                 else:
                     state[name] = v
         self.strategy_state = state
-        self.cache = {}
+        self.cache = {}     # a resumed site goes on from its strategy's last evaluation, not a new one
+        for key, scalars in meta.get("cache", {}).items():
+            prefix = f"cache.{key}."
+            self.cache[key] = _evaluation_from_checkpoint(
+                scalars, {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
         self.step, self.best = int(meta["step"]), float(meta["best"])
         self.trained, self.seconds = bool(meta["trained"]), float(meta["seconds"])
         self.unreachable = bool(meta.get("unreachable", False))
         self.rng.bit_generator.state = meta["rng"]
         self.bounds = {k: (float(v[0]), float(v[1])) for k, v in meta["bounds"].items()}
+
+
+_EV_ARRAYS = ("per_sample",)                       # Evaluation fields that are arrays
+_EV_DICTS = ("grads", "log_grads", "weights")      # and dicts of arrays
+
+
+def _evaluation_to_checkpoint(ev: Evaluation) -> tuple[dict[str, np.ndarray], dict]:
+    """(arrays, json-able scalars) of an evaluation, for a checkpoint."""
+    arrays: dict[str, np.ndarray] = {}
+    scalars: dict[str, Any] = {}
+    for f in fields(ev):
+        value = getattr(ev, f.name)
+        if f.name in _EV_ARRAYS:
+            if value is not None:
+                arrays[f.name] = np.asarray(value)
+        elif f.name in _EV_DICTS:
+            if value is not None:
+                arrays.update({f"{f.name}/{k}": np.asarray(v) for k, v in value.items()})
+                scalars.setdefault("dicts", []).append(f.name)
+        elif f.name == "first_op":
+            scalars[f.name] = None if value is None else asdict(value)
+        else:
+            scalars[f.name] = value.item() if isinstance(value, np.generic) else value
+    return arrays, scalars
+
+
+def _evaluation_from_checkpoint(scalars: dict, arrays: dict[str, np.ndarray]) -> Evaluation:
+    kwargs: dict[str, Any] = {k: v for k, v in scalars.items() if k != "dicts"}
+    if kwargs.get("first_op") is not None:
+        kwargs["first_op"] = OpRef(**kwargs["first_op"])
+    for name in scalars.get("dicts", []):
+        kwargs[name] = {}
+    for key, value in arrays.items():
+        name, _, inner = key.partition("/")
+        if inner:
+            kwargs[name][inner] = value
+        else:
+            kwargs[name] = value
+    return Evaluation(**kwargs)
