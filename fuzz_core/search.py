@@ -244,42 +244,25 @@ class SiteSearch:
         """(arrays, json-able meta): values, runner state, strategy arrays; step, best, RNG."""
         arrays = {"values." + k: v for k, v in self.values.items()}
         arrays.update({"state." + k: v for k, v in self.runner.get_state().items()})
-        meta_strategy = {}
-        for k, v in self.strategy_state.items():
-            if isinstance(v, np.ndarray):
-                arrays["strategy." + k] = v
-            elif isinstance(v, dict) and all(isinstance(x, np.ndarray) for x in v.values()):
-                arrays.update({f"strategy.{k}/{n}": x for n, x in v.items()})
-            else:
-                meta_strategy[k] = v
+        strategy_arrays, meta_strategy = _split("strategy.", self.strategy_state)
+        arrays.update(strategy_arrays)
         meta = {"step": self.step, "best": self.best, "trained": self.trained, "seconds": self.seconds,
                 "unreachable": self.unreachable, "rng": self.rng.bit_generator.state,
                 "strategy": meta_strategy, "bounds": {k: list(v) for k, v in self.bounds.items()},
                 "cache": {}}
         for key, ev in self.cache.items():
             if isinstance(ev, Evaluation):
-                ev_arrays, meta["cache"][key] = _evaluation_to_checkpoint(ev)
-                arrays.update({f"cache.{key}.{name}": v for name, v in ev_arrays.items()})
+                ev_arrays, meta["cache"][key] = _split(f"cache.{key}.", _evaluation_fields(ev))
+                arrays.update(ev_arrays)
         return arrays, meta
 
     def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
         self.values = {k[7:]: v for k, v in arrays.items() if k.startswith("values.")}
         self.runner.set_state({k[6:]: v for k, v in arrays.items() if k.startswith("state.")})
-        state: dict[str, Any] = dict(meta.get("strategy", {}))
-        for k, v in arrays.items():
-            if k.startswith("strategy."):
-                name = k[9:]
-                if "/" in name:
-                    outer, inner = name.split("/", 1)
-                    state.setdefault(outer, {})[inner] = v
-                else:
-                    state[name] = v
-        self.strategy_state = state
-        self.cache = {}     # a resumed site goes on from its strategy's last evaluation, not a new one
-        for key, scalars in meta.get("cache", {}).items():
-            prefix = f"cache.{key}."
-            self.cache[key] = _evaluation_from_checkpoint(
-                scalars, {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
+        self.strategy_state = _join("strategy.", arrays, meta.get("strategy", {}))
+        # a resumed site goes on from its strategy's last evaluation, not a new one
+        self.cache = {key: _evaluation(_join(f"cache.{key}.", arrays, scalars))
+                      for key, scalars in meta.get("cache", {}).items()}
         self.step, self.best = int(meta["step"]), float(meta["best"])
         self.trained, self.seconds = bool(meta["trained"]), float(meta["seconds"])
         self.unreachable = bool(meta.get("unreachable", False))
@@ -287,40 +270,40 @@ class SiteSearch:
         self.bounds = {k: (float(v[0]), float(v[1])) for k, v in meta["bounds"].items()}
 
 
-_EV_ARRAYS = ("per_sample",)                       # Evaluation fields that are arrays
-_EV_DICTS = ("grads", "log_grads", "weights")      # and dicts of arrays
-
-
-def _evaluation_to_checkpoint(ev: Evaluation) -> tuple[dict[str, np.ndarray], dict]:
-    """(arrays, json-able scalars) of an evaluation, for a checkpoint."""
+def _split(prefix: str, mapping: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """A mapping as checkpoint arrays (an array as ``prefix + key``, a non-empty dict of arrays
+    as ``prefix + key/name``) and json-able meta (the rest); :func:`_join` undoes it."""
     arrays: dict[str, np.ndarray] = {}
-    scalars: dict[str, Any] = {}
-    for f in fields(ev):
-        value = getattr(ev, f.name)
-        if f.name in _EV_ARRAYS:
-            if value is not None:
-                arrays[f.name] = np.asarray(value)
-        elif f.name in _EV_DICTS:
-            if value is not None:
-                arrays.update({f"{f.name}/{k}": np.asarray(v) for k, v in value.items()})
-                scalars.setdefault("dicts", []).append(f.name)
-        elif f.name == "first_op":
-            scalars[f.name] = None if value is None else asdict(value)
+    meta: dict[str, Any] = {}
+    for k, v in mapping.items():
+        if isinstance(v, np.ndarray):
+            arrays[prefix + k] = v
+        elif isinstance(v, dict) and v and all(isinstance(x, np.ndarray) for x in v.values()):
+            arrays.update({f"{prefix}{k}/{n}": x for n, x in v.items()})
         else:
-            scalars[f.name] = value.item() if isinstance(value, np.generic) else value
-    return arrays, scalars
+            meta[k] = v
+    return arrays, meta
 
 
-def _evaluation_from_checkpoint(scalars: dict, arrays: dict[str, np.ndarray]) -> Evaluation:
-    kwargs: dict[str, Any] = {k: v for k, v in scalars.items() if k != "dicts"}
-    if kwargs.get("first_op") is not None:
-        kwargs["first_op"] = OpRef(**kwargs["first_op"])
-    for name in scalars.get("dicts", []):
-        kwargs[name] = {}
-    for key, value in arrays.items():
-        name, _, inner = key.partition("/")
-        if inner:
-            kwargs[name][inner] = value
-        else:
-            kwargs[name] = value
-    return Evaluation(**kwargs)
+def _join(prefix: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> dict[str, Any]:
+    out = dict(meta)
+    for k, v in arrays.items():
+        if k.startswith(prefix):
+            outer, _, inner = k[len(prefix):].partition("/")
+            if inner:
+                out.setdefault(outer, {})[inner] = v
+            else:
+                out[outer] = v
+    return out
+
+
+def _evaluation_fields(ev: Evaluation) -> dict[str, Any]:
+    """An evaluation's fields, each an array, a dict of arrays or a json-able value."""
+    out = {f.name: getattr(ev, f.name) for f in fields(ev)}
+    out["first_op"] = None if ev.first_op is None else asdict(ev.first_op)
+    return {k: v.item() if isinstance(v, np.generic) else v for k, v in out.items()}
+
+
+def _evaluation(values: dict[str, Any]) -> Evaluation:
+    op = values.get("first_op")
+    return Evaluation(**{**values, "first_op": None if op is None else OpRef(**op)})
