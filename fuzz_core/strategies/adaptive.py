@@ -63,8 +63,8 @@ class Adaptive(Strategy):
     def iterate(self, s) -> None:
         cur: Evaluation | None = s.cache.get("current")
         st = s.strategy_state
-        resuming = cur is not None and st.get("open", False)   # a quantum ended inside the list
-        if cur is not None and st.get("escape", 0) > 0 and not resuming:
+        # "open": a quantum ended inside the list of proposals, which goes on before any escape
+        if cur is not None and st.get("escape", 0) > 0 and not st.get("open", False):
             self._escape(s, cur)
             return
         if cur is None:
