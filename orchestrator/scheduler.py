@@ -343,10 +343,15 @@ class LossSlopeScheduler(Scheduler):
        of a live site (default ``min_quantum / max_quantum``: a min quantum for every max
        quantum the leader gets), least served first, min_quantum each. The floor grows with
        what the others got, so a flat site that will trigger suddenly is never starved;
-    3. sites on course (still falling: a finite prediction, even past their remaining budget,
-       since a straight line through a curve is a poor guide: a log loss often jumps to 0 from
-       far above it), closest first, ``quantum * ref / pred`` steps each (``ref``: the median
-       prediction of such sites);
+    3. sites on course (still falling: a finite prediction; with a ``horizon``, one within
+       ``horizon`` times the site's remaining budget), closest first, ``quantum * ref / pred``
+       steps each (``ref``: the median prediction of such sites). Without a horizon a site
+       predicted past its budget stays on course: a straight line through a curve is a poor
+       guide, and with small fixed steps (``grist``) a bug's log loss often falls slowly for
+       hundreds of steps, then jumps to 0. With steps sized to reach the edge (``adaptive``) a
+       bug usually triggers within a few dozen steps, and a site falling too slowly to reach
+       its edge within its budget is usually guarded (an eps or a clamp its margin creeps
+       toward): there ``horizon=1`` leaves it to the tiers below, and the controller sets it;
     4. sites off course that have progressed (best loss at most ``progress`` times their
        first), those whose loss still moves first, then least served first, a quantum each
        (min_quantum once hopeless: a bug that wanders near the edge before it triggers looks
@@ -369,7 +374,8 @@ class LossSlopeScheduler(Scheduler):
                  plateau_tol: float = DEFAULT_PLATEAU_TOL,
                  max_refreshes: int = DEFAULT_MAX_REFRESHES,
                  floor: float | None = None, probe_quanta: int = DEFAULT_PROBE_QUANTA,
-                 progress: float = DEFAULT_PROGRESS, retire_after: int | None = None) -> None:
+                 progress: float = DEFAULT_PROGRESS, retire_after: int | None = None,
+                 horizon: float | None = None) -> None:
         super().__init__(max_steps, quantum)
         self.window = _check_int("window", window, 3)
         lo = max(1, self.quantum // 4) if min_quantum is None else min_quantum
@@ -388,6 +394,9 @@ class LossSlopeScheduler(Scheduler):
         self.progress = _check_fraction("progress", progress)
         self.retire_after = _check_int("retire_after", max(1, self.max_steps // 2)
                                        if retire_after is None else retire_after, 1)
+        if horizon is not None and (isinstance(horizon, (bool, str)) or not _number(horizon) > 0):
+            raise ValueError(f"horizon must be a number > 0 or None, got {horizon!r}")
+        self.horizon = None if horizon is None else float(horizon)
 
     # -- reading reports ------------------------------------------------------------------
     def _observe(self, site: _Site, progress: SiteProgress) -> None:
@@ -446,9 +455,11 @@ class LossSlopeScheduler(Scheduler):
         return math.isfinite(s.first) and s.first > 0 and s.best <= self.progress * s.first
 
     def _on_course(self, s: _Site) -> bool:
-        """Still falling (a finite prediction), however far: a prediction is a straight line
-        through a curve that is rarely straight (a log loss can jump to 0 from far above it)."""
-        return not s.hopeless and s.pred < math.inf
+        """Still falling (a finite prediction) and, with a ``horizon``, predicted to trigger
+        within ``horizon`` times its remaining budget."""
+        if s.hopeless or not s.pred < math.inf:
+            return False
+        return self.horizon is None or s.pred <= self.horizon * self._remaining(s)
 
     def _tier(self, s: _Site, floor: float) -> int:
         if s.served < 0:

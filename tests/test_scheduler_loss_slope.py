@@ -6,6 +6,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+import pytest
 
 from orchestrator.scheduler import Action, LossSlopeScheduler, SiteProgress, make_scheduler
 
@@ -47,10 +48,10 @@ def test_a_loss_parked_just_above_a_clamp_is_not_about_to_trigger():
 
 
 
-def _flat_and_falling(max_steps: int, start: float, rate: float, log_space: bool = False):
+def _flat_and_falling(max_steps: int, start: float, rate: float, log_space: bool = False, **options):
     """A scheduler after two rounds over two sites: "flat" at 5.0, and "fall" falling from
     ``start`` by ``rate`` per step (its losses reported as log space or not)."""
-    sched = make_scheduler("loss-slope", max_steps, 20)
+    sched = make_scheduler("loss-slope", max_steps, 20, **options)
     for s in ("flat", "fall"):
         sched.add_site(s)
     used = Counter()
@@ -84,6 +85,29 @@ def test_a_site_still_falling_outranks_flat_ones_even_when_its_budget_looks_shor
     far = sched._sites["fall"]
     assert far.pred > sched._remaining(far)
     assert [d.site_id for d in sched.allocate(1)] == ["fall"]
+
+
+@pytest.mark.parametrize("horizon, rate, on_course", [
+    (None, 0.02, True),   # predicted 480 steps with 160 left: no horizon, still on course
+    (4.0, 0.02, True),    # within 4 x 160
+    (1.0, 0.02, False),   # past its remaining budget
+    (1.0, 0.2, True),     # predicted about 45 steps: within it
+])
+def test_a_horizon_takes_a_site_predicted_past_its_budget_off_course(horizon, rate, on_course):
+    sched = _flat_and_falling(200, 10.0, rate, horizon=horizon)
+    fall = sched._sites["fall"]
+    assert 0 < fall.pred < math.inf and (fall.pred > sched._remaining(fall)) is (rate == 0.02)
+    grants = {d.site_id: d.steps for d in sched.allocate(2)}
+    if on_course:   # served first, with more steps than the flat site
+        assert next(iter(grants)) == "fall" and grants["fall"] > grants["flat"]
+    else:           # two sites off course that never progressed: a quantum each
+        assert grants == {"flat": 20, "fall": 20}
+
+
+@pytest.mark.parametrize("horizon", [0, -1.0, math.nan, "1", True])
+def test_a_horizon_must_be_a_positive_number(horizon):
+    with pytest.raises(ValueError, match="horizon"):
+        make_scheduler("loss-slope", 600, 20, horizon=horizon)
 
 
 def test_plateau_refresh_then_retire_before_the_budget_is_spent():
