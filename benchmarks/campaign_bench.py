@@ -270,7 +270,8 @@ def scheduler_benefit(max_steps: int | None, quantum: int, tmp: Path, seeds: lis
             print(f"{key}: {len(r['found_at'])}/{len(r['bugs'])} bugs, last at "
                   f"{max(r['found_at'].values(), default=0)}, {r['total']} steps, {r['seconds']:.0f} s", flush=True)
     parts = [f"### Scheduler benefit\n\nTwo campaigns of 5 buggy and {SCHED_SAFE_SITES} guarded op sites, "
-             f"quantum {quantum}, each run in one process (no Ray) with default policy settings; steps are "
+             f"quantum {quantum}, each run in one process (no Ray) with the policy settings a campaign gets by default "
+             f"(loss-slope's `horizon` 1 with adaptive, none with grist); steps are "
              f"counted campaign-wide in the order the controller received the quanta, and a campaign ends "
              f"once every bug site is retired (found, or its budget spent or given up).\n\n"
              f"**The figure: steps until every bug is found that either policy finds with that seed.** "

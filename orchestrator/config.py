@@ -53,6 +53,16 @@ class SearchConfigModel(_Model):
 class SchedulerConfig(_Model):
     policy: Literal["loss-slope", "round-robin"] = "loss-slope"
     quantum: int = Field(20, ge=1, le=1_000_000)
+    horizon: float | None = Field(None, gt=0, description=(
+        "loss-slope only: a site is on course while its predicted steps to trigger are within "
+        "horizon x its remaining budget; unset: 1 with the adaptive strategy, unlimited otherwise"))
+
+    @field_validator("horizon")
+    @classmethod
+    def _horizon_for_loss_slope(cls, v: float | None, info) -> float | None:
+        if v is not None and info.data.get("policy") != "loss-slope":
+            raise ValueError("applies to the loss-slope policy only")
+        return v
 
 
 class Resources(_Model):

@@ -39,6 +39,19 @@ class LoopLimits:
     max_deaths: int
 
 
+def scheduler_options(campaign) -> dict:
+    """The policy options a campaign implies: loss-slope's ``horizon`` is the campaign's, else 1
+    with the adaptive strategy (its bugs trigger within a few dozen steps, so a site too slow to
+    reach its edge within its budget is rarely one) and unlimited with the others (grist's small
+    fixed steps make a bug's loss fall slowly for hundreds of steps before it jumps to 0)."""
+    if campaign.scheduler.policy != "loss-slope":
+        return {}
+    horizon = campaign.scheduler.horizon
+    if horizon is None and campaign.search.strategy == "adaptive":
+        horizon = 1.0
+    return {"horizon": horizon}
+
+
 class Controller:
     def __init__(self, campaign, run_dir: Path, executor, tracker, store, progress, specs: dict[str, TargetSpec],
                  config: SearchConfig, limits: LoopLimits, metrics: bool = True) -> None:
@@ -54,7 +67,8 @@ class Controller:
         self.targets: dict[str, TargetRecord] = {}
         self.sites: dict[str, SiteRecord] = {}
         self.scheduler = make_scheduler(campaign.scheduler.policy, max_steps=config.max_steps,
-                                        quantum=campaign.scheduler.quantum)
+                                        quantum=campaign.scheduler.quantum,
+                                        **scheduler_options(campaign))
         self.stopped_reason: str | None = None
         self.on_change = lambda: None
         self.metrics = CampaignMetrics(campaign.name, metrics)   # live Ray metrics; a no-op without Ray

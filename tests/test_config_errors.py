@@ -29,6 +29,9 @@ CASES = {
     "negative_budget": (f"name: x\ntargets: [{GOOD_TARGET}]\nsearch: {{max_steps: -5}}\n", "search.max_steps"),
     "budget_type": (f"name: x\ntargets: [{GOOD_TARGET}]\nsearch: {{max_steps: lots}}\n", "'lots'"),
     "zero_quantum": (f"name: x\ntargets: [{GOOD_TARGET}]\nscheduler: {{quantum: 0}}\n", "scheduler.quantum"),
+    "zero_horizon": (f"name: x\ntargets: [{GOOD_TARGET}]\nscheduler: {{horizon: 0}}\n", "scheduler.horizon"),
+    "horizon_round_robin": (f"name: x\ntargets: [{GOOD_TARGET}]\nscheduler: {{policy: round-robin, horizon: 1}}\n",
+                            "scheduler.horizon: applies to the loss-slope policy only (got 1)"),
     "bad_policy": (f"name: x\ntargets: [{GOOD_TARGET}]\nscheduler: {{policy: fifo}}\n", "scheduler.policy"),
     "negative_actors": (f"name: x\ntargets: [{GOOD_TARGET}]\nresources: {{num_actors: -1}}\n", "resources.num_actors"),
     "negative_gpus": (f"name: x\ntargets: [{GOOD_TARGET}]\nresources: {{num_gpus: -0.5}}\n", "resources.num_gpus"),
@@ -116,3 +119,23 @@ def test_resume_of_an_unreadable_summary_is_a_one_line_error(tmp_path: Path, con
     result = CliRunner().invoke(app, ["run", "--resume", str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert "summary.json" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("scheduler, strategy, options", [
+    ("{}", "adaptive", {"horizon": 1.0}),          # adaptive: a site too slow for its budget is off course
+    ("{}", "grist", {"horizon": None}),            # grist, random: no horizon
+    ("{}", "random", {"horizon": None}),
+    ("{horizon: 3}", "grist", {"horizon": 3.0}),   # the campaign's own wins
+    ("{horizon: 2.5}", "adaptive", {"horizon": 2.5}),
+    ("{policy: round-robin}", "adaptive", {}),     # round-robin takes no options
+])
+def test_scheduler_options_follow_the_campaign_and_its_strategy(tmp_path: Path, scheduler, strategy, options):
+    from orchestrator.controller import scheduler_options
+    from orchestrator.scheduler import make_scheduler
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"name: x\ntargets: [{GOOD_TARGET}]\nsearch: {{strategy: {strategy}}}\nscheduler: {scheduler}\n")
+    campaign = load_campaign(path)
+    assert scheduler_options(campaign) == options
+    sched = make_scheduler(campaign.scheduler.policy, 100, campaign.scheduler.quantum, **scheduler_options(campaign))
+    assert getattr(sched, "horizon", None) == options.get("horizon")
