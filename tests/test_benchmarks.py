@@ -98,3 +98,18 @@ def test_scheduler_benefit_judges_the_bugs_either_policy_finds(monkeypatch):
     assert "round-robin 1800, loss-slope 1340, **1.34x**" in text and "target >= 3x: NOT met" in text
     assert "Strict (every planted bug, a missed one charged): 2950 against 2090" in text
     assert "target never more steps: NOT met" in text
+
+
+def test_scheduler_benefit_names_the_seeds_that_miss_and_sums_the_held_out_ones(monkeypatch):
+    import benchmarks.campaign_bench as cb
+
+    monkeypatch.setattr(cb, "SCHED_CAMPAIGNS", {"raw units": [("a", "log", 0)]})
+    runs = {}
+    for st in ("grist", "adaptive"):
+        for seed, (rr, ls) in {0: (300, 100), 16: (200, 400), 17: (600, 100)}.items():
+            runs["raw units", st, "round-robin", seed] = _run({"a": rr}, {}, total=rr)
+            runs["raw units", st, "loss-slope", seed] = _run({"a": ls}, {}, total=ls)
+    text = cb._benefit_section("raw units", runs, [0, 16, 17])
+    assert "target never more steps: NOT met, seed 16)" in text
+    assert "Seeds 16-17 alone (held out): 800 against 500, 1.60x" in text
+    assert "Seeds" not in cb._benefit_section("raw units", runs, [16, 17])   # all held out: no split
