@@ -191,6 +191,11 @@ def test_checkpoint_restore_continues_identically():
     assert a.step == b.step == 80
 
 
+def _points(result) -> list[tuple]:
+    """A quantum's trace as comparable tuples: step, suspect loss, event."""
+    return [(p.step, p.suspect_loss, p.event) for p in result.trace]
+
+
 @pytest.mark.parametrize("strategy", ["adaptive", "grist", "random"])
 @pytest.mark.parametrize("op", ["valley", "div", "log"])
 @pytest.mark.parametrize("quantum", [1, 3, 7])
@@ -199,18 +204,18 @@ def test_a_search_does_not_depend_on_how_it_is_sliced_into_quanta(strategy, op, 
     that ends inside an iteration's list of proposals goes on with that list next time (it
     neither skips the proposal it could not evaluate nor starts a pending escape walk first)."""
     _, whole = _search(op, strategy, max_steps=120)
-    expected = [(p.step, p.suspect_loss, p.event) for p in whole.run(120).trace]
+    expected = _points(whole.run(120))
     _, sliced = _search(op, strategy, max_steps=120)
     got = []
     while sliced.status() is SiteStatus.SEARCHING:
-        got += [(p.step, p.suspect_loss, p.event) for p in sliced.run(quantum).trace]
+        got += _points(sliced.run(quantum))
     assert got == expected
     # and resumed from its checkpoint by a new search each quantum, as on another actor
     _, search = _search(op, strategy, max_steps=120)
     got = []
     while True:
         result = search.run(quantum)
-        got += [(p.step, p.suspect_loss, p.event) for p in result.trace]
+        got += _points(result)
         if result.status is not SiteStatus.SEARCHING:
             break
         checkpoint = search.checkpoint()
@@ -235,10 +240,7 @@ def test_adaptive_checkpoint_keeps_its_curvature_memory_and_its_last_evaluation(
     assert any(k.startswith("cache.current.grads/") for k in arrays) and "current" in meta["cache"]
     ra, rb = a.run(300), b.run(300)
     assert ra.status is rb.status is SiteStatus.FOUND
-    def steps(result):
-        return [(p.step, p.suspect_loss, p.event) for p in result.trace]
-
-    assert steps(rb) == steps(ra)
+    assert _points(rb) == _points(ra)
 
 
 def test_step_seed_depends_on_campaign_site_and_step():
