@@ -58,6 +58,11 @@ class TargetFailure(Exception):
         self.tb = tb
         self.contract = contract
 
+    def __reduce__(self):
+        # Ray (and multiprocessing) rebuild an exception from ``type(exc)(*exc.args)`` unless told
+        # otherwise: without this the driver gets a TypeError instead of the user's message.
+        return (type(self), (str(self), self.tb, self.contract))
+
 
 def _failure(exc: Exception) -> TargetFailure:
     contract = isinstance(exc, (TargetError, EntryError))
