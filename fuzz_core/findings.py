@@ -54,6 +54,14 @@ class Finding:
     minimised: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     device: str = "cpu"
+    phase: str = "forward"               # where the first non-finite value arose: forward | backward | update
+    replays: tuple[int, int] = (1, 1)    # (reproduced, of): fresh replays that went non-finite at the same op
+    notes: list[str] = field(default_factory=list)   # for people: values outside the sampled data, ...
+
+    @property
+    def flaky(self) -> bool:
+        """Some fresh replays reproduced it, not all (randomness the engine cannot re-seed)."""
+        return self.replays[0] < self.replays[1]
 
     @property
     def signature(self) -> str:
@@ -72,6 +80,10 @@ class Finding:
             "hazard": self.site.hazard,
             "signature": self.signature,
             "first_op": self.first_op,
+            "phase": self.phase,
+            "replays": {"reproduced": int(self.replays[0]), "of": int(self.replays[1])},
+            "flaky": self.flaky,
+            "notes": list(self.notes),
             "step": self.step,
             "step_seed": self.step_seed,
             "seconds": round(self.seconds, 4),

@@ -18,7 +18,7 @@ import numpy as np
 from fuzz_core.backends.base import WEIGHT_PREFIX, Evaluation, OpRef, Runner
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, OpSpec
 from fuzz_core.sites import OpSite
-from fuzz_core.status import SiteStatus
+from fuzz_core.status import ExitReason, SiteStatus
 from fuzz_core.strategies import STRATEGIES, make_strategy
 
 
@@ -73,6 +73,8 @@ class QuantumResult:
     error: str | None = None
     seconds: float = 0.0
     log_space: bool = False     # the trace's suspect losses are log-space (see suspect_loss)
+    exit_reason: ExitReason = ExitReason.NONE   # why the site ended, once its status is final
+    reach: dict[str, Any] | None = None         # how close it came, and where the nearest trigger lies (not found)
 
     @property
     def triggered(self) -> bool:
