@@ -88,9 +88,9 @@ def run_controller(camp, executor, run_dir: Path, select=None, stop_when=None):
     """Run one campaign in this process; ``select(site) -> bool`` keeps only some sites;
     ``stop_when(controller) -> bool``, asked after each quantum, ends the campaign early."""
     from fuzz_core.search import SearchConfig
-    from orchestrator.campaign import target_specs
-    from orchestrator.controller import Controller, LoopLimits
-    from orchestrator.progress import Progress
+    from orchestrator.run.campaign import target_specs
+    from orchestrator.run.controller import Controller, LoopLimits
+    from orchestrator.observers.progress import Progress
 
     specs = target_specs(camp)
     config = SearchConfig(camp.search.strategy, camp.search.max_steps, camp.search.seed)
@@ -227,8 +227,8 @@ def scheduler_run(kind: str, strategy: str, policy: str, seed: int, quantum: int
     (``found_at``, by label), the unspent budget of each bug missed, and the steps spent in all."""
     import torch
 
-    from orchestrator.campaign import worker_options
-    from orchestrator.executors import LocalExecutor
+    from orchestrator.run.campaign import worker_options
+    from orchestrator.run.executors import LocalExecutor
 
     torch.set_num_threads(1)
     max_steps = max_steps or SCHED_MAX_STEPS[kind]
@@ -385,8 +385,8 @@ def _benefit_section(kind: str, runs: dict, seeds: list[int]) -> str:
 def scaling(max_steps: int, quantum: int, tmp: Path) -> str:
     import ray
 
-    from orchestrator.campaign import target_specs, worker_options
-    from orchestrator.ray_executor import RayExecutor
+    from orchestrator.run.campaign import target_specs, worker_options
+    from orchestrator.run.ray_executor import RayExecutor
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     rows, rates, overhead = [], {}, []

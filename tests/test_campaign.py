@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.campaign import RunOptions, run_campaign
+from orchestrator.run.campaign import RunOptions, run_campaign
 from orchestrator.cli import app
 from orchestrator.config import load_campaign
 
@@ -80,7 +80,7 @@ def test_ray_campaign_with_mlflow_and_parquet(tmp_path: Path, ray_session, monke
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.store import TRACE_PARTITIONING
+    from orchestrator.observers.parquet import TRACE_PARTITIONING
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     path = write_campaign(tmp_path, "ray-e2e", PLANTED, actors=2)
@@ -131,7 +131,7 @@ def test_ray_campaign_with_mlflow_and_parquet(tmp_path: Path, ray_session, monke
 def test_fractional_gpus_pack_actors_on_logical_gpu(ray_session):
     import ray
 
-    from orchestrator.ray_executor import RayExecutor
+    from orchestrator.run.ray_executor import RayExecutor
     from orchestrator.worker import WorkerOptions
 
     executor = RayExecutor(WorkerOptions(device="cpu"), num_actors=2, num_cpus=0.5, num_gpus=0.5,

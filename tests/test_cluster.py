@@ -176,7 +176,7 @@ def test_rayjob_manifest_runs_a_campaign_with_an_mlflow_server():
 
 
 def test_grafana_dashboard_queries_the_exported_metrics():
-    from orchestrator import metrics
+    from orchestrator.observers import metrics
 
     dashboard = json.loads((DEPLOY / "grafana" / "cdeepfuzz-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
@@ -361,7 +361,7 @@ def _controller_reports_metrics() -> bool:
     """Whether the controller calls CampaignMetrics itself (then `cdeepfuzz run` exports them too)."""
     import inspect
 
-    from orchestrator.controller import Controller
+    from orchestrator.run.controller import Controller
 
     return "CampaignMetrics" in inspect.getsource(Controller)
 
@@ -387,7 +387,7 @@ def jobs(stack):
         "run": ("cluster-run", ["bash", "-c", f"cdeepfuzz run campaigns/cluster-run.yaml "
                                               f"--tracking-uri {stack['tracking']} || test $? -eq 1"], None),
         # The launch.py path, tracking from the environment as on KubeRay.
-        "launch": ("cluster-metrics", ["python", "-m", "orchestrator.launch", "campaigns/cluster-metrics.yaml",
+        "launch": ("cluster-metrics", ["python", "-m", "orchestrator.commands.run", "campaigns/cluster-metrics.yaml",
                                        "--ok-on-findings", "--plain"],
                    {"MLFLOW_TRACKING_URI": stack["tracking"]}),
     }
@@ -486,14 +486,14 @@ def test_launch_script_runs_on_the_cluster_and_exports_metrics(stack, jobs):
 # -- launch.py without a cluster ---------------------------------------------------------------------
 def test_launch_script_runs_standalone_as_ray_submit_copies_it(tmp_path: Path):
     copy_ = tmp_path / "launch.py"                 # `ray submit` runs ~/launch.py, alone in the home dir
-    shutil.copy(REPO / "orchestrator" / "launch.py", copy_)
+    shutil.copy(REPO / "orchestrator" / "commands" / "run.py", copy_)
     done = subprocess.run([sys.executable, str(copy_), "--help"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and "--ok-on-findings" in done.stdout, done.stderr
 
 
 def test_launch_finds_the_campaign_in_the_synced_project(tmp_path: Path, monkeypatch):
-    from orchestrator import launch
+    from orchestrator.commands import run as launch
 
     home = tmp_path / "home"
     project = home / "cdeepfuzz"
@@ -516,7 +516,7 @@ def test_launch_finds_the_campaign_in_the_synced_project(tmp_path: Path, monkeyp
 
 
 def test_launch_refuses_a_cluster_run_without_an_mlflow_server(tmp_path: Path, monkeypatch, capsys):
-    from orchestrator import launch
+    from orchestrator.commands import run as launch
 
     _write_job_dir(tmp_path, "no-server", tmp_path / "runs")
     monkeypatch.chdir(tmp_path)
@@ -531,7 +531,7 @@ def test_launch_refuses_a_cluster_run_without_an_mlflow_server(tmp_path: Path, m
 
 # -- metrics without a cluster -----------------------------------------------------------------------
 def test_campaign_metrics_are_a_no_op_without_ray(monkeypatch):
-    from orchestrator import metrics as m
+    from orchestrator.observers import metrics as m
 
     monkeypatch.setattr(m, "ray_connected", lambda: False)
     cm = m.CampaignMetrics("offline")
@@ -542,7 +542,7 @@ def test_campaign_metrics_are_a_no_op_without_ray(monkeypatch):
 
 def test_campaign_metrics_disabled_export_nothing_even_with_ray(monkeypatch):
     """``launch.py --no-metrics`` reaches the controller as CampaignMetrics(enabled=False)."""
-    from orchestrator import metrics as m
+    from orchestrator.observers import metrics as m
 
     made = []
     monkeypatch.setattr(m, "ray_connected", lambda: True)
@@ -572,7 +572,7 @@ needs_cuda = pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
 def test_gpu_share_caps_the_process_memory():
     script = textwrap.dedent("""
         import torch
-        from orchestrator.ray_executor import _with_gpu_share
+        from orchestrator.run.ray_executor import _with_gpu_share
         from orchestrator.worker import WorkerOptions
 
         _with_gpu_share(WorkerOptions(device="cuda"))
@@ -600,7 +600,7 @@ def test_fractional_gpu_actors_place_their_targets_on_their_gpu(ray_session):
     import ray
 
     from fuzz_core.engine import TargetSpec
-    from orchestrator.ray_executor import RayExecutor
+    from orchestrator.run.ray_executor import RayExecutor
     from orchestrator.worker import WorkerOptions
 
     spec = TargetSpec("sig", f"{SUBJECTS['sig']}:make_target", {}, None, 0, str(REPO))
@@ -638,7 +638,7 @@ def test_gpu_actors_are_packed_in_a_placement_group(ray_session):
     import ray
     from ray.util import placement_group_table
 
-    from orchestrator.ray_executor import RayExecutor
+    from orchestrator.run.ray_executor import RayExecutor
     from orchestrator.worker import WorkerOptions
 
     executor = RayExecutor(WorkerOptions(device="cpu"), num_actors=2, num_cpus=0.5, num_gpus=0.5,

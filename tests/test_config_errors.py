@@ -99,7 +99,7 @@ def test_sync_with_an_unreadable_summary_is_a_one_line_error(tmp_path: Path, con
 def test_the_newest_run_lookup_skips_summaries_that_name_no_tracking_uri(tmp_path: Path, monkeypatch):
     import os
 
-    from orchestrator.bugs import find_tracking_uri
+    from orchestrator.commands.bugs import find_tracking_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     good = tmp_path / "runs" / "a-1" / "summary.json"
@@ -130,7 +130,7 @@ def test_resume_of_an_unreadable_summary_is_a_one_line_error(tmp_path: Path, con
     ("{policy: round-robin}", "adaptive", {}),     # round-robin takes no options
 ])
 def test_scheduler_options_follow_the_campaign_and_its_strategy(tmp_path: Path, scheduler, strategy, options):
-    from orchestrator.controller import scheduler_options
+    from orchestrator.run.controller import scheduler_options
     from orchestrator.scheduler import make_scheduler
 
     path = tmp_path / "c.yaml"

@@ -11,7 +11,7 @@ import pytest
 from fuzz_core.engine import TargetSpec, build_runner, confirm, confirmed, finding_from, search_site
 from fuzz_core.findings import load_finding, write_finding
 from fuzz_core.search import SearchConfig
-from orchestrator.campaign import RunOptions, run_campaign
+from orchestrator.run.campaign import RunOptions, run_campaign
 from orchestrator.config import load_campaign
 
 DROPOUT = '''

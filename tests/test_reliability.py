@@ -16,7 +16,7 @@ import pytest
 from fuzz_core.engine import TargetSpec
 from fuzz_core.search import SearchConfig
 from fuzz_core.sites import OpSite
-from orchestrator.executors import ActorDied, Task
+from orchestrator.run.executors import ActorDied, Task
 from orchestrator.worker import QuantumOutcome, WorkerOptions
 
 
@@ -72,7 +72,7 @@ def make_target(seed=0, **args):
 def test_killed_actor_resumes_site_from_checkpoint_and_finds_it(ray_session, tmp_path: Path, how):
     import ray
 
-    from orchestrator.ray_executor import RayExecutor
+    from orchestrator.run.ray_executor import RayExecutor
 
     module, hold, mark = tmp_path / "slow_mlp.py", tmp_path / "hold", tmp_path / "in_step"
     module.write_text(SLOW_SUBJECT.format(path=str(Path("campaigns/targets/softmax_xent_mlp.py").resolve()),
@@ -227,7 +227,7 @@ def make_target(seed=0):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_hanging_quantum_is_killed_and_the_site_retired_as_timeout(tmp_path: Path, ray_session):
-    from orchestrator.campaign import RunOptions, run_campaign
+    from orchestrator.run.campaign import RunOptions, run_campaign
     from orchestrator.config import load_campaign
 
     module = tmp_path / "hangs.py"

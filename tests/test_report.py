@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from fuzz_core.dedupe import BugDatabase, rebuild_index, size_key
-from orchestrator.campaign import RunOptions, run_campaign
+from orchestrator.run.campaign import RunOptions, run_campaign
 from orchestrator.cli import app
 from orchestrator.config import load_campaign
-from orchestrator.report import write_reports
+from orchestrator.commands.report import write_reports
 
 TARGETS = {"sig": "campaigns/targets/log_one_minus_sigmoid.py:make_target",
            "pow": "campaigns/targets/pow_fractional.py:make_target"}

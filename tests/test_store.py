@@ -9,8 +9,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from orchestrator import store
-from orchestrator.store import (
+from orchestrator.observers import parquet as store
+from orchestrator.observers.parquet import (
     FINDING_SCHEMA,
     TRACE_PARTITIONING,
     TRACE_SCHEMA,

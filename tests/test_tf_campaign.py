@@ -17,7 +17,7 @@ from pathlib import Path
 import ray
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
          _node_ip_address="127.0.0.1")
-from orchestrator.campaign import RunOptions, run_campaign
+from orchestrator.run.campaign import RunOptions, run_campaign
 from orchestrator.config import load_campaign
 path = Path(sys.argv[1])
 outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False))

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import tracking, tracking_sender
-from orchestrator.tracking import Tracker, flatten_params
-from orchestrator.tracking_queries import query_findings, set_triage
-from orchestrator.tracking_sender import SpoolReplay, default_sqlite_uri, replay_spool
+from orchestrator.observers import tracking, tracking_sender
+from orchestrator.observers.tracking import Tracker, flatten_params
+from orchestrator.observers.tracking_queries import query_findings, set_triage
+from orchestrator.observers.tracking_sender import SpoolReplay, default_sqlite_uri, replay_spool
 
 pytestmark = pytest.mark.mlflow
 MlflowClient = pytest.importorskip("mlflow.tracking").MlflowClient

@@ -148,9 +148,9 @@ def test_rebuild_index_and_recovery_after_a_crash_mid_swap(tmp_path: Path):
 # -- triage in MLflow ---------------------------------------------------------------------------------
 @pytest.mark.mlflow
 def test_triage_states_round_trip_through_mlflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from orchestrator.tracking import Tracker
-    from orchestrator.tracking_queries import query_findings
-    from orchestrator.tracking_sender import default_sqlite_uri
+    from orchestrator.observers.tracking import Tracker
+    from orchestrator.observers.tracking_queries import query_findings
+    from orchestrator.observers.tracking_sender import default_sqlite_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = default_sqlite_uri(tmp_path)

@@ -21,10 +21,10 @@ from fuzz_core.io import atomic_save_arrays, atomic_write_json
 from fuzz_core.search import SearchConfig
 from fuzz_core.sites import OpSite
 from fuzz_core.status import SiteStatus
-from orchestrator.executors import ActorDied, QuantumTimeout, Task
-from orchestrator.metrics import CampaignMetrics
+from orchestrator.run.executors import ActorDied, QuantumTimeout, Task
+from orchestrator.observers.metrics import CampaignMetrics
 from orchestrator.scheduler import Action, SiteProgress, make_scheduler
-from orchestrator.summary import SiteRecord, TargetRecord
+from orchestrator.observers.summary import SiteRecord, TargetRecord
 from orchestrator.worker import QuantumOutcome
 
 log = logging.getLogger(__name__)

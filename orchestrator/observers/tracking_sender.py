@@ -1,6 +1,6 @@
 """Applying tracking operations to MLflow: the writer thread's sender, and spool replay.
 
-:class:`_Sender` applies the operation records that :class:`orchestrator.tracking.Tracker`
+:class:`_Sender` applies the operation records that :class:`orchestrator.observers.tracking.Tracker`
 queues (start a campaign or site run, log metrics, set tags, upload artifacts, end a run)
 to one tracking URI, mapping our run keys to MLflow run ids; :func:`_send` retries a
 transient failure with backoff and drops an operation MLflow rejects for good.

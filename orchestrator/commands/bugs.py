@@ -12,7 +12,7 @@ def find_tracking_uri(cli_uri: str | None, cwd: Path | None = None) -> str | Non
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
     from fuzz_core.io import read_json
-    from orchestrator.summary import FILENAME, tracking_uri_of
+    from orchestrator.observers.summary import FILENAME, tracking_uri_of
 
     cwd = cwd or Path.cwd()
     newest, uri = -1.0, None
@@ -29,6 +29,6 @@ def find_tracking_uri(cli_uri: str | None, cwd: Path | None = None) -> str | Non
 
 
 def list_bugs(uri: str, campaign: str | None = None, state: str | None = None) -> list[dict]:
-    from orchestrator.tracking_queries import query_findings
+    from orchestrator.observers.tracking_queries import query_findings
 
     return query_findings(uri, campaign=campaign, state=state)

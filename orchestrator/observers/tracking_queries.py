@@ -2,7 +2,7 @@
 
 :func:`query_findings` lists the site runs that found a bug, from their tags;
 :func:`set_triage` tags one with a triage state (and a note). The runs are those
-:class:`orchestrator.tracking.Tracker` wrote.
+:class:`orchestrator.observers.tracking.Tracker` wrote.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from orchestrator.tracking import MAX_TAG_VALUE
-from orchestrator.tracking_sender import PARENT_TAG, _make_client
+from orchestrator.observers.tracking import MAX_TAG_VALUE
+from orchestrator.observers.tracking_sender import PARENT_TAG, _make_client
 
 __all__ = ["query_findings", "set_triage"]
 

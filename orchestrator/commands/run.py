@@ -23,7 +23,7 @@ What it does, compared with ``cdeepfuzz run``:
 - tracks to ``--tracking-uri``, else the campaign's ``tracking.uri``, else
   ``MLFLOW_TRACKING_URI`` (``deploy/cluster.yaml`` sets it on the head to the MLflow server
   it starts there); an MLflow server is required, as for any run on a cluster;
-- exports live Ray metrics per op site (:mod:`orchestrator.metrics`) unless ``--no-metrics``.
+- exports live Ray metrics per op site (:mod:`orchestrator.observers.metrics`) unless ``--no-metrics``.
 
 Exit codes are those of ``cdeepfuzz run`` (0 no finding, 1 findings, 2 usage or
 configuration error, 3 a target could not be built or run); ``--ok-on-findings`` turns 1
@@ -105,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RAY_ADDRESS"] = address     # cluster mode: no embedded Ray, absolute output, a tracking server
 
     try:
-        from orchestrator.campaign import RunOptions, explicit_tracking_uri, run_campaign
+        from orchestrator.run.campaign import RunOptions, explicit_tracking_uri, run_campaign
         from orchestrator.config import ConfigError, load_campaign
-        from orchestrator.ray_runtime import join_ray
+        from orchestrator.run.ray_runtime import join_ray
     except ImportError as exc:   # ~/launch.py run by a Python without cdeepfuzz
         return _fail(f"cdeepfuzz is not installed in {sys.executable} ({exc}); "
                      f"activate the cluster's environment or pip install -e the project")

@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Iterable
 
-from orchestrator.summary import SiteRecord
+from orchestrator.observers.summary import SiteRecord
 
 MAX_ROWS = 30
 

@@ -19,10 +19,10 @@ from fuzz_core.io import atomic_write_json
 from fuzz_core.search import SearchConfig
 from fuzz_core.status import SiteStatus
 from orchestrator.config import Campaign, ConfigError, cluster_mode
-from orchestrator.controller import Controller, LoopLimits
-from orchestrator.executors import LocalExecutor
-from orchestrator.progress import Progress
-from orchestrator.summary import now, write_summary
+from orchestrator.run.controller import Controller, LoopLimits
+from orchestrator.run.executors import LocalExecutor
+from orchestrator.observers.progress import Progress
+from orchestrator.observers.summary import now, write_summary
 from orchestrator.worker import WorkerOptions
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def run_campaign(campaign: Campaign, path: Path, options: RunOptions = RunOption
     previous_run: dict = {}
     previous = None
     if resume_dir is not None:
-        from orchestrator.resume import load_previous
+        from orchestrator.run.resume import load_previous
 
         campaign, previous_run, previous = load_previous(resume_dir)
         path = Path((previous_run.get("campaign_file") or path))
@@ -206,8 +206,8 @@ def _local_executor(campaign: Campaign) -> LocalExecutor:
 
 
 def _ray_executor(campaign: Campaign, address: str | None):
-    from orchestrator.ray_runtime import ensure_ray
-    from orchestrator.ray_executor import RayExecutor
+    from orchestrator.run.ray_runtime import ensure_ray
+    from orchestrator.run.ray_executor import RayExecutor
 
     res = campaign.resources
     num_gpus = ensure_ray(address, res)
@@ -216,12 +216,12 @@ def _ray_executor(campaign: Campaign, address: str | None):
 
 
 def _tracker(uri: str, campaign: Campaign, run_dir: Path):
-    from orchestrator.tracking import Tracker
+    from orchestrator.observers.tracking import Tracker
 
     return Tracker(uri, campaign.name, run_dir)
 
 
 def _store(root: Path, campaign: str, run: str):
-    from orchestrator.store import ParquetStore
+    from orchestrator.observers.parquet import ParquetStore
 
     return ParquetStore(root, campaign, run)

@@ -15,8 +15,8 @@ from fuzz_core.io import load_arrays, read_json
 from fuzz_core.sites import OpSite
 from fuzz_core.status import SiteStatus
 from orchestrator.config import Campaign, ConfigError, parse_campaign
-from orchestrator.controller import checkpoint_paths
-from orchestrator.summary import FILENAME, SiteRecord
+from orchestrator.run.controller import checkpoint_paths
+from orchestrator.observers.summary import FILENAME, SiteRecord
 
 RESUMABLE = (SiteStatus.PENDING, SiteStatus.SEARCHING, SiteStatus.STOPPED)
 

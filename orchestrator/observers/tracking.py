@@ -24,9 +24,9 @@ A NaN metric is sent as is (MLflow stores it with an ``is_nan`` flag, over REST 
 backend agrees; values that are not numbers are skipped. The spool writes NaN as the JSON
 extension ``NaN``, which Python's ``json`` reads back.
 
-Modules: the writer sends through :mod:`orchestrator.tracking_sender` (which also replays
+Modules: the writer sends through :mod:`orchestrator.observers.tracking_sender` (which also replays
 a spool, and sets MLflow's HTTP options and SQLite locations); findings are read back and
-triaged by :mod:`orchestrator.tracking_queries`. Those two are the only modules that
+triaged by :mod:`orchestrator.observers.tracking_queries`. Those two are the only modules that
 import mlflow.
 """
 
@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from orchestrator.tracking_sender import (
+from orchestrator.observers.tracking_sender import (
     SPOOL_NAME,
     SPOOL_VERSION,
     TRIES,

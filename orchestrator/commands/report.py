@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from fuzz_core.io import atomic_write_bytes, read_json
-from orchestrator.summary import FILENAME as SUMMARY
+from orchestrator.observers.summary import FILENAME as SUMMARY
 
 log = logging.getLogger(__name__)
 

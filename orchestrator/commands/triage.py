@@ -19,8 +19,8 @@ from pathlib import Path
 
 from fuzz_core.findings import REPORT
 from fuzz_core.io import read_json
-from orchestrator.summary import FILENAME as SUMMARY
-from orchestrator.summary import tracking_uri_of
+from orchestrator.observers.summary import FILENAME as SUMMARY
+from orchestrator.observers.summary import tracking_uri_of
 
 
 class TriageState(str, Enum):
@@ -64,7 +64,7 @@ def parse_state(state: str) -> TriageState:
 def triage(finding: str | Path, state: str, note: str | None = None, tracking_uri: str | None = None,
            cwd: Path | None = None) -> TriageResult:
     """Set the triage state (and note) of a finding folder or an MLflow site run id."""
-    from orchestrator.tracking_queries import set_triage
+    from orchestrator.observers.tracking_queries import set_triage
 
     wanted = parse_state(state)
     uri, run_id, label = resolve(finding, tracking_uri, cwd)
@@ -112,7 +112,7 @@ def _summary(run_dir: Path | None) -> dict:
 
 
 def _default_uri(cli: str | None, own: str | None, cwd: Path | None) -> str:
-    from orchestrator.bugs import find_tracking_uri
+    from orchestrator.commands.bugs import find_tracking_uri
 
     uri = cli or own or find_tracking_uri(None, cwd)
     if not uri:
@@ -122,7 +122,7 @@ def _default_uri(cli: str | None, own: str | None, cwd: Path | None) -> str:
 
 
 def _search_run(uri: str, campaign: str | None, site_id: str, folder: Path) -> str:
-    from orchestrator.tracking_queries import query_findings
+    from orchestrator.observers.tracking_queries import query_findings
 
     try:
         rows = [r for r in query_findings(uri, campaign=campaign) if r.get("site_id") == site_id]

@@ -19,7 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fuzz_core.engine import TargetSpec
 from fuzz_core.sites import OpSite
-from orchestrator.executors import ActorDied, QuantumTimeout, Task
+from orchestrator.run.executors import ActorDied, QuantumTimeout, Task
 from orchestrator.worker import QuantumOutcome, TargetFailure, Worker, WorkerOptions
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,1 @@
+"""The CLI and one module per command."""

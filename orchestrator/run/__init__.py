@@ -1,0 +1,1 @@
+"""The run: controller, executors and actors, the run-state store."""
