@@ -1,0 +1,36 @@
+"""GRIST subject ID_7, StackOverFlow-2: the "Deep MNIST for experts" CNN with a hand-written cross-entropy.
+
+Re-expressed from GRIST's benchmark, scripts/study_case/ID_7/soips2.py (entry soips2_grist.py), the same
+tutorial program as subject ID_6 in another Stack Overflow question.
+Facts carried over: the tutorial's network (see
+:func:`._common.tutorial_cnn_softmax`: two conv/pool stages, a 1024-unit layer, dropout, softmax);
+loss ``-sum(y * log(softmax))`` over the batch; Adam at 1e-4; batches of 50; float32.
+
+Dropout stays inside the graph at the keep probability the program trains with (0.5; GRIST's
+monitoring pass fed 1.0): a ``GraphTarget`` feeds one batch to the loss and the train op alike.
+
+Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
+GRIST searched the images ``x``.
+
+Bug ID_7: ``log`` of a softmax output that underflows to 0.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from benchmarks.grist_suite.tf_programs._common import mnist_pool, start_session, tutorial_cnn_softmax, v1
+from fuzz_core import GraphTarget
+
+
+def make_target(seed: int = 0, batch: int = 50, lr: float = 1e-4, keep_prob: float = 0.5) -> GraphTarget:
+    pool = mnist_pool(seed)
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.set_random_seed(seed)
+        x = v1.placeholder(tf.float32, [None, 784], name="x")
+        y = v1.placeholder(tf.float32, [None, 10], name="y_")
+        y_conv = tutorial_cnn_softmax(tf.reshape(x, [-1, 28, 28, 1]), keep_prob)
+        cross_entropy = -tf.reduce_sum(y * tf.math.log(y_conv))  # GRIST bug ID_7
+        train = v1.train.AdamOptimizer(lr).minimize(cross_entropy)
+    return GraphTarget(graph=graph, session=start_session(graph), feeds={"x": x, "y": y}, loss=cross_entropy,
+                       train_op=train, sample=lambda r: pool.draw(r, batch), bounds={"x": (0.0, 1.0)}, search=["x"])

@@ -1,0 +1,33 @@
+"""GRIST subject ID_29, MachineLearning: the "Deep MNIST" CNN fed 28 x 28 x 1 images directly.
+
+Re-expressed from GRIST's benchmark, scripts/study_case/ID_29/temp.py (entry temp_grist.py).
+Facts carried over: the tutorial's network (see :func:`._common.tutorial_cnn_softmax`) on
+``[batch, 28, 28, 1]`` placeholders, dropout at the training keep probability 0.5 inside the
+graph (the program feeds 0.5 to every pass); loss ``-sum(y * log(softmax))`` over the batch; Adam
+at 0.0005; batches of 100; float32.
+
+Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
+GRIST searched the images ``x``.
+
+Bug ID_29: ``log`` of a softmax output that underflows to 0.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from benchmarks.grist_suite.tf_programs._common import mnist_pool, start_session, tutorial_cnn_softmax, v1
+from fuzz_core import GraphTarget
+
+
+def make_target(seed: int = 0, batch: int = 100, lr: float = 0.0005, keep_prob: float = 0.5) -> GraphTarget:
+    pool = mnist_pool(seed, flat=False, channel=True)
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.set_random_seed(seed)
+        x = v1.placeholder(tf.float32, [None, 28, 28, 1], name="x")
+        y_ = v1.placeholder(tf.float32, [None, 10], name="y_")
+        y_conv = tutorial_cnn_softmax(x, keep_prob)
+        cross_entropy = -tf.reduce_sum(y_ * tf.math.log(y_conv))  # GRIST bug ID_29
+        train = v1.train.AdamOptimizer(lr).minimize(cross_entropy)
+    return GraphTarget(graph=graph, session=start_session(graph), feeds={"x": x, "y": y_}, loss=cross_entropy,
+                       train_op=train, sample=lambda r: pool.draw(r, batch), bounds={"x": (0.0, 1.0)}, search=["x"])
