@@ -123,3 +123,45 @@ def tutorial_cnn_softmax(image, keep_prob: float | None):
     if keep_prob is not None:
         h = dropout(h, keep_prob)
     return tf.nn.softmax(tf.matmul(h, weight([1024, 10])) + bias([10]))
+
+
+def bmi_pool(seed: int, n: int = 20000) -> Pool:
+    """Stand-in for the bmi.csv of GRIST subjects ID_40..42 (20,000 people): heights uniform in 120..200 cm
+    and weights in 35..80 kg (whole numbers, the file's ranges), labelled thin / normal / fat at a body-mass
+    index of 18.5 and 25; features ``[weight / 100, height / 200]`` as the programs scale them."""
+    rng = np.random.default_rng([seed, 0xB31])
+    height = rng.integers(120, 201, n).astype(np.float32)
+    weight = rng.integers(35, 81, n).astype(np.float32)
+    bmi = weight / (height / 100) ** 2
+    label = np.where(bmi < 18.5, 0, np.where(bmi < 25, 1, 2))
+    return Pool(x=np.stack([weight / 100, height / 200], axis=1).astype(np.float32), y=one_hot(label, 3))
+
+
+def xavier_uniform(fan_in: int, fan_out: int):
+    """``U(-sqrt(6 / (fan_in + fan_out)), +...)``, the ``xavier_init`` of the VAE chapters (ID_35, 36, 39, 43, 49)."""
+    limit = np.sqrt(6.0 / (fan_in + fan_out))
+    return tf.random.uniform((fan_in, fan_out), minval=-limit, maxval=limit, dtype=tf.float32)
+
+
+def softplus_mlp(h, sizes: list[int]):
+    """Dense softplus layers of ``sizes`` (Xavier-uniform weights, zero biases), as the VAE chapters build
+    their encoder and decoder."""
+    for size in sizes:
+        weight = tf.Variable(xavier_uniform(int(h.shape[1]), size))
+        h = tf.nn.softplus(tf.add(tf.matmul(h, weight), tf.Variable(tf.zeros([size], dtype=tf.float32))))
+    return h
+
+
+def affine(h, size: int):
+    """One dense layer without activation, Xavier-uniform weights and zero biases."""
+    weight = tf.Variable(xavier_uniform(int(h.shape[1]), size))
+    return tf.add(tf.matmul(h, weight), tf.Variable(tf.zeros([size], dtype=tf.float32)))
+
+
+def pretrain(target, steps: int, seed: int) -> None:
+    """Run a graph target's own train op on ``steps`` sampled batches (what a program does before GRIST's
+    search starts, when its instrumented copy trains first)."""
+    rng = np.random.default_rng([seed, 0x7A1])
+    for _ in range(steps):
+        batch = target.sample(rng)
+        target.session.run(target.train_op, {target.feeds[k]: v for k, v in batch.items()})
