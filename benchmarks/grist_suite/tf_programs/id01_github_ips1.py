@@ -2,14 +2,14 @@
 
 Re-expressed from GRIST's benchmark, scripts/study_case/ID_1/ghips1.py with its
 spatial_transformer.py and tf_utils.py (entry ghips1_grist.py), TensorFlow's spatial-transformer
-example. Facts carried over: 40 x 40 inputs (flat 1600); a localisation network 1600 -> 20 (tanh)
--> dropout -> 6 (tanh) whose last bias starts at the identity transform; a bilinear sampler on an
+example. Facts carried over: 40 x 40 inputs (flat 1600); a localisation network 1600 -> 20 (tanh) ->
+dropout -> 6 (tanh) whose last bias starts at the identity transform; a bilinear sampler on an
 affine grid (``x_s = (x + 1) * W / 2``, corners clipped to the image, weights from the clipped
-corners), 40 x 40 output; two 3x3 SAME convolutions of stride 2 to 16 maps (ReLU), a 1024-unit
-ReLU layer, dropout, a 10-way softmax; every weight matrix initialised to **zeros** and every
-bias from ``N(0, 0.01)`` (the project's ``weight_variable`` / ``bias_variable``); loss
-``-sum(y * log(softmax))`` over the batch; Adam at its default 0.001; batches of 100; float32.
-Dropout stays inside the graph at the training keep probability 0.8 (GRIST's monitoring pass fed 1.0).
+corners), 40 x 40 output; two 3x3 SAME convolutions of stride 2 to 16 maps (ReLU), a 1024-unit ReLU
+layer, dropout, a 10-way softmax; every weight matrix initialised to **zeros** and every bias from
+``N(0, 0.01)`` (the project's ``weight_variable`` / ``bias_variable``); loss ``-sum(y *
+log(softmax))`` over the batch; Adam at its default 0.001; batches of 100; float32. Dropout stays
+inside the graph at the training keep probability 0.8 (GRIST's monitoring pass fed 1.0).
 
 Data: the original loads mnist_sequence1_sample_5distortions5x5.npz (cluttered MNIST); the stand-in
 places a 28 x 28 digit of the MNIST stand-in (scikit-learn's digits, see :mod:`._common`) at a

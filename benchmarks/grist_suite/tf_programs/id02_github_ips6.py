@@ -1,10 +1,10 @@
 """GRIST subject ID_2, GitHub-IPS-6: the "LogisticRegression" model of a TensorFlow deep-learning toolbox.
 
 Re-expressed from GRIST's benchmark, scripts/study_case/ID_2/models/logistic_regression.py with its
-cost from scripts/study_case/ID_2/model.py (entries command_line/run_logistic_regression_grist.py and
-run_logistic_regression_log2_grist.py, both running the same program). Facts carried over: a
-784 -> 10 softmax layer with zero-initialised weights and biases, the "cross_entropy" cost written as
-a binary cross-entropy over the ten softmax outputs, ``-mean(y log p + (1 - y) log(1 - p))``, Adam at
+cost from scripts/study_case/ID_2/model.py (entries command_line/run_logistic_regression_grist.py
+and run_logistic_regression_log2_grist.py, both running the same program). Facts carried over: a 784
+-> 10 softmax layer with zero-initialised weights and biases, the "cross_entropy" cost written as a
+binary cross-entropy over the ten softmax outputs, ``-mean(y log p + (1 - y) log(1 - p))``, Adam at
 0.01, batches of 10 (the command line's defaults), float32.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.

@@ -1,9 +1,9 @@
 """GRIST subject ID_6, StackOverFlow-1: the "Deep MNIST for experts" CNN with a hand-written cross-entropy.
 
 Re-expressed from GRIST's benchmark, scripts/study_case/ID_6/soips1.py (entry soips1_grist.py).
-Facts carried over: the tutorial's network (see
-:func:`._common.tutorial_cnn_softmax`: two conv/pool stages, a 1024-unit layer, dropout, softmax);
-loss ``-sum(y * log(softmax))`` over the batch; Adam at 1e-4; batches of 50; float32.
+Facts carried over: the tutorial's network (see :func:`._common.tutorial_cnn_softmax`: two conv/pool
+stages, a 1024-unit layer, dropout, softmax); loss ``-sum(y * log(softmax))`` over the batch; Adam
+at 1e-4; batches of 50; float32.
 
 Dropout stays inside the graph at the keep probability the program trains with (0.5; GRIST's
 monitoring pass fed 1.0): a ``GraphTarget`` feeds one batch to the loss and the train op alike.

@@ -2,8 +2,8 @@
 
 Re-expressed from GRIST's benchmark, scripts/study_case/ID_9/soips7.py (entries soips7_grist.py and
 soips7_log2_grist.py, both running the same program). Facts carried over: 784 -> 512 sigmoid -> 10
-sigmoid, no biases, both weight matrices initialised to zeros; loss ``mean over the batch of
-sum_k (-y log(q) - (1 - y) log(1 - q))``; plain gradient descent at 0.5; batches of 100; float32.
+sigmoid, no biases, both weight matrices initialised to zeros; loss ``mean over the batch of sum_k
+(-y log(q) - (1 - y) log(1 - q))``; plain gradient descent at 0.5; batches of 100; float32.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 GRIST searched the images ``x``.

@@ -5,7 +5,8 @@ nan_model_truediv.py (entries nan_model_{exp,log,truediv}_grist.py): TensorFuzz'
 of its three numerical bugs left open in turn. Facts carried over: images ``[batch, 28, 28, 1]``
 flattened into dense layers 200 (ReLU) -> 100 (ReLU) -> 10, kernels uniform in ``[-0.25, 0.25]``,
 biases zero (``tf.layers.dense`` defaults); softmax written as ``exp / sum(exp)``; cross-entropy
-``-sum(y * log(p))`` averaged over the batch; plain gradient descent at 0.01; batches of 100; float32.
+``-sum(y * log(p))`` averaged over the batch; plain gradient descent at 0.01; batches of 100;
+float32.
 
 ``variant`` picks the original file:
 - ``"exp"``: numerator ``exp(clip(logits, -87, 87))``, denominator ``sum(exp(logits))`` unclipped,
@@ -20,8 +21,8 @@ Bugs:
 - ID_11a (variant "exp"): ``exp(logits)`` in the denominator overflows once a logit passes 88.7
   (GRIST drove ``max(logits)`` up);
 - ID_11b (variant "log"): ``log(p)`` of a probability that underflows to 0;
-- ID_11c (variant "truediv"): the division once every ``exp(logit)`` of a row underflows to 0
-  (GRIST drove ``max(logits)`` down).
+- ID_11c (variant "truediv"): the division once every ``exp(logit)`` of a row underflows to 0 (GRIST
+  drove ``max(logits)`` down).
 """
 from __future__ import annotations
 

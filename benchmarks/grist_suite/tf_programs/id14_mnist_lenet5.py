@@ -1,14 +1,14 @@
 """GRIST subject ID_14, MNIST: a LeNet-5 on zero-padded 32 x 32 MNIST with a hand-written cross-entropy.
 
 Re-expressed from GRIST's benchmark, scripts/study_case/ID_14/v3/model.py and v3/train.py (entry
-v3/train_grist.py). Facts carried over: VALID convolutions 5x5x6 -> 2x2 max-pool -> 5x5x16 ->
-2x2 max-pool -> 5x5x120, all ReLU, then dense 120 -> 84 (ReLU) -> 10 and a softmax; weights from
-a truncated normal of stddev 0.1, biases zero; loss ``-sum(label * log(softmax))`` over the
-batch; plain gradient descent at 0.001; batches of 64; float32.
+v3/train_grist.py). Facts carried over: VALID convolutions 5x5x6 -> 2x2 max-pool -> 5x5x16 -> 2x2
+max-pool -> 5x5x120, all ReLU, then dense 120 -> 84 (ReLU) -> 10 and a softmax; weights from a
+truncated normal of stddev 0.1, biases zero; loss ``-sum(label * log(softmax))`` over the batch;
+plain gradient descent at 0.001; batches of 64; float32.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), 28 x 28 pixels in ``[0, 1]``
-padded with 2 zero pixels on every side as the original pads MNIST: the bounds are ``[0, 1]``.
-GRIST searched the images ``x``.
+padded with 2 zero pixels on every side as the original pads MNIST: the bounds are ``[0, 1]``. GRIST
+searched the images ``x``.
 
 Bug ID_14: ``log`` of a softmax output that underflows to 0.
 """

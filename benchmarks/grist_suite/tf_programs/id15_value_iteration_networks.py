@@ -3,22 +3,22 @@
 Re-expressed from GRIST's benchmark, scripts/study_case/ID_15/train.py with model.py's ``VI_Block``
 (entry train_grist.py), the TensorFlow port of Tamar et al.'s VIN. Facts carried over: input maps
 ``[batch, 8, 8, 2]`` (obstacles, goal reward); a 3x3 convolution to 150 maps plus a bias, a 1x1
-convolution to one reward map, a 3x3 convolution to 10 Q maps and ``k = 10`` value iterations
-(max over the Q maps, concatenated with the reward map, 3x3 convolution with the tied weights
-``[w, w_fb]``), every convolution SAME with its kernel flipped in both spatial axes; the Q values
-at 10 query states per map, a 10 -> 8 matrix and a softmax over the 8 moves; every weight drawn
-from ``N(0, 1) * 0.01`` by NumPy; loss ``-mean(log(p[label]))``; centred RMSProp at 0.001 with
-epsilon 1e-6; batches of 12 maps; float32.
+convolution to one reward map, a 3x3 convolution to 10 Q maps and ``k = 10`` value iterations (max
+over the Q maps, concatenated with the reward map, 3x3 convolution with the tied weights ``[w,
+w_fb]``), every convolution SAME with its kernel flipped in both spatial axes; the Q values at 10
+query states per map, a 10 -> 8 matrix and a softmax over the 8 moves; every weight drawn from
+``N(0, 1) * 0.01`` by NumPy; loss ``-mean(log(p[label]))``; centred RMSProp at 0.001 with epsilon
+1e-6; batches of 12 maps; float32.
 
-The original feeds the labels as one flat vector of ``batch * 10``; here they are fed as
-``[batch, 10]`` (the batch on dimension 0, as the engine requires) and flattened in the graph.
+The original feeds the labels as one flat vector of ``batch * 10``; here they are fed as ``[batch,
+10]`` (the batch on dimension 0, as the engine requires) and flattened in the graph.
 
 Data: the original reads gridworld_8.mat, which cannot be fetched at run time; here random
-gridworlds of the same form are synthesised: walls on the border and on about 20% of the inner
-cells (value 1, free cells 0, as the original's ``(im - 1) / 255`` on uint8 yields), one goal
-cell of reward 10 in the second channel, query states on free inner cells (row and column in
-1..6, int32), and as label the first of the 8 king moves that lowers the breadth-first distance
-to the goal. Bounds: ``[0, 10]``, the range of the input maps. GRIST searched the maps ``X``.
+gridworlds of the same form are synthesised: walls on the border and on about 20% of the inner cells
+(value 1, free cells 0, as the original's ``(im - 1) / 255`` on uint8 yields), one goal cell of
+reward 10 in the second channel, query states on free inner cells (row and column in 1..6, int32),
+and as label the first of the 8 king moves that lowers the breadth-first distance to the goal.
+Bounds: ``[0, 10]``, the range of the input maps. GRIST searched the maps ``X``.
 
 Bug ID_15: ``log`` of a softmax probability that underflows to 0.
 """

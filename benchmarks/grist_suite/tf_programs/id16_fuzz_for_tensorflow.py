@@ -9,11 +9,12 @@ over the batch; plain gradient descent at 0.01; batches of 100; float32.
 ``variant`` picks the original file:
 - ``"exp"`` (nan_model.py): numerator ``exp(clip(logits, -87, 87))``, denominator
   ``sum(exp(logits))`` unclipped, cross-entropy on ``clip(|p|, 1e-6, 1)``;
-- ``"log"``: logits first clipped to ``[min(logits), 87]``, then ``exp / sum(exp)`` and ``log(|p|)``;
+- ``"log"``: logits first clipped to ``[min(logits), 87]``, then ``exp / sum(exp)`` and
+  ``log(|p|)``;
 - ``"truediv"``: the same clipped softmax, cross-entropy on ``|p| + 1e-6``.
 
-Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`) decoded as this fork does,
-``2 * pixel - 1`` in ``[-1, 1]``: the bounds. GRIST searched the images ``x``.
+Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`) decoded as this fork does, ``2 *
+pixel - 1`` in ``[-1, 1]``: the bounds. GRIST searched the images ``x``.
 
 Bugs:
 - ID_16a (variant "exp"): ``exp(logits)`` in the denominator overflows (logit > 88.7);

@@ -1,15 +1,15 @@
 """GRIST subject ID_17, TF_Unet: tf_unet's U-Net on its toy problem, trained with the dice-coefficient cost.
 
 Re-expressed from GRIST's benchmark, scripts/study_case/ID_17/test_toy.py with tf_unet/unet.py,
-tf_unet/layers.py and tf_unet/image_gen.py (entry test_toy_grist.py). Facts carried over: a U-Net
-of 3 levels and 16 root features on ``[batch, nx, ny, 1]`` images: per level two VALID 3x3
+tf_unet/layers.py and tf_unet/image_gen.py (entry test_toy_grist.py). Facts carried over: a U-Net of
+3 levels and 16 root features on ``[batch, nx, ny, 1]`` images: per level two VALID 3x3
 convolutions, each followed by dropout and then ReLU(+bias), 2x2 max-pooling down, 2x2 stride-2
 transposed convolutions (ReLU) up, cropped skip connections, a 1x1 convolution to 2 classes and a
 ReLU; weights from a truncated normal of stddev ``sqrt(2 / (9 * features))``, biases 0.1; the
 pixel-wise softmax ``exp(o) / sum(exp(o))``; cost ``-(2 * sum(p * y) / (1e-5 + sum(p) + sum(y)))``;
 momentum 0.2 on a learning rate of 0.2 decayed by 0.95 every 32 steps (staircase); dropout keep
-probability 0.75 (the trainer's default, fed to the monitored and the training passes alike);
-one 572 x 572 image per batch; float32.
+probability 0.75 (the trainer's default, fed to the monitored and the training passes alike); one
+572 x 572 image per batch; float32.
 
 Data: the original draws its toy images at random; the same generator is re-expressed here and
 seeded by ``sample``'s generator: a 572 x 572 field of ones with 20 discs (centres at least 92
@@ -17,8 +17,8 @@ pixels from the border, radius 5..49, grey level 1..254), Gaussian noise of stdd
 image shifted and scaled to ``[0, 1]`` (the bounds); labels are one-hot (background, disc), cropped
 to the network's 532 x 532 output. GRIST searched the images ``x``.
 
-Bug ID_17: ``exp`` in the pixel-wise softmax overflows once an output activation passes 88.7
-(GRIST drove ``max(logits)`` up); the division then gives ``inf / inf``.
+Bug ID_17: ``exp`` in the pixel-wise softmax overflows once an output activation passes 88.7 (GRIST
+drove ``max(logits)`` up); the division then gives ``inf / inf``.
 """
 from __future__ import annotations
 

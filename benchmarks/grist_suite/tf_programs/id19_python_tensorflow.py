@@ -1,10 +1,10 @@
 """GRIST subject ID_19, Python-Tensorflow: an MNIST softmax layer followed by a ReLU, then a log loss.
 
-Re-expressed from GRIST's benchmark, scripts/study_case/ID_19/mnist.py (entry mnist_grist.py).
-Facts carried over: one 784 -> 10 layer whose softmax output goes through ``relu`` (the program's
+Re-expressed from GRIST's benchmark, scripts/study_case/ID_19/mnist.py (entry mnist_grist.py). Facts
+carried over: one 784 -> 10 layer whose softmax output goes through ``relu`` (the program's
 ``add_layer`` applies the activation after the softmax), weights and biases initialised to zeros;
-loss ``mean over the batch of -sum(y * log(prediction))``; plain gradient descent at 0.2; batches
-of 50; float32.
+loss ``mean over the batch of -sum(y * log(prediction))``; plain gradient descent at 0.2; batches of
+50; float32.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 GRIST searched the images ``x``.

@@ -1,8 +1,9 @@
 """GRIST subject ID_20, Tensorflow-Examples: an MNIST softmax regression with a hand-written cross-entropy.
 
-Re-expressed from GRIST's benchmark, scripts/study_case/ID_20/logistic_regression.py (entry logistic_regression_grist.py).
-Facts carried over: a 784 -> 10 softmax layer with zero-initialised weights and biases; loss
-``mean over the batch of -sum(y * log(softmax))``; plain gradient descent at 0.01; batches of 100; float32. (Aymeric Damien's logistic regression example.)
+Re-expressed from GRIST's benchmark, scripts/study_case/ID_20/logistic_regression.py (entry
+logistic_regression_grist.py). Facts carried over: a 784 -> 10 softmax layer with zero-initialised
+weights and biases; loss ``mean over the batch of -sum(y * log(softmax))``; plain gradient descent
+at 0.01; batches of 100; float32. (Aymeric Damien's logistic regression example.)
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 GRIST searched the images ``x``.

@@ -1,8 +1,9 @@
 """GRIST subject ID_21, Tensorflow-Examples-Tutorials-MNIST: an MNIST softmax regression with a hand-written cross-entropy.
 
-Re-expressed from GRIST's benchmark, scripts/study_case/ID_21/mnist_softmax.py (entry mnist_softmax_grist.py).
-Facts carried over: a 784 -> 10 softmax layer with zero-initialised weights and biases; loss
-``-sum(y * log(softmax))`` summed over the batch; plain gradient descent at 0.01; batches of 100; float32. (TensorFlow's beginner MNIST tutorial.)
+Re-expressed from GRIST's benchmark, scripts/study_case/ID_21/mnist_softmax.py (entry
+mnist_softmax_grist.py). Facts carried over: a 784 -> 10 softmax layer with zero-initialised weights
+and biases; loss ``-sum(y * log(softmax))`` summed over the batch; plain gradient descent at 0.01;
+batches of 100; float32. (TensorFlow's beginner MNIST tutorial.)
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 GRIST searched the images ``x``.

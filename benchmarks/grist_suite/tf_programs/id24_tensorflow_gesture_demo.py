@@ -1,9 +1,9 @@
 """GRIST subject ID_24, Tensorflow_Gesture_Demo: the "Deep MNIST" CNN without dropout.
 
-Re-expressed from GRIST's benchmark, scripts/study_case/ID_24/Mnist.py (entry Mnist_grist.py).
-Facts carried over: the tutorial's network (see :func:`._common.tutorial_cnn_softmax`) with no
-dropout layer (the program defines a keep probability but never applies it); loss
-``-sum(y * log(softmax))`` over the batch; Adam at 1e-4; batches of 100; float32.
+Re-expressed from GRIST's benchmark, scripts/study_case/ID_24/Mnist.py (entry Mnist_grist.py). Facts
+carried over: the tutorial's network (see :func:`._common.tutorial_cnn_softmax`) with no dropout
+layer (the program defines a keep probability but never applies it); loss ``-sum(y * log(softmax))``
+over the batch; Adam at 1e-4; batches of 100; float32.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 GRIST searched the images ``x``.

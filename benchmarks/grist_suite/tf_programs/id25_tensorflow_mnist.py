@@ -1,8 +1,8 @@
 """GRIST subject ID_25, Tensorflow_MNIST: an MNIST softmax regression with a hand-written cross-entropy.
 
-Re-expressed from GRIST's benchmark, scripts/study_case/ID_25/mnist.py (entry mnist_grist.py).
-Facts carried over: a 784 -> 10 softmax layer with zero-initialised weights and biases; loss
-``mean over the batch of -sum(y * log(softmax))``; plain gradient descent at 0.6; batches of 100; float32.
+Re-expressed from GRIST's benchmark, scripts/study_case/ID_25/mnist.py (entry mnist_grist.py). Facts
+carried over: a 784 -> 10 softmax layer with zero-initialised weights and biases; loss ``mean over
+the batch of -sum(y * log(softmax))``; plain gradient descent at 0.6; batches of 100; float32.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 GRIST searched the images ``x``.

@@ -2,7 +2,8 @@
 
 Re-expressed from GRIST's benchmark, scripts/study_case/ID_30/softmax.py (entry softmax_grist.py).
 Facts carried over: a 784 -> 10 softmax layer with zero-initialised weights and biases; loss
-``-sum(y * log(softmax))`` summed over the batch; plain gradient descent at 0.01; batches of 100; float32.
+``-sum(y * log(softmax))`` summed over the batch; plain gradient descent at 0.01; batches of 100;
+float32.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 GRIST searched the images ``x``.

@@ -7,20 +7,20 @@ between real and generated images; weights from a truncated normal of stddev 0.0
 ``D_loss = -mean(log(D(x)) + log(1 - D(G(z)) + 1e-8))``, ``G_loss = -mean(log(D(G(z)) + 1e-8))``
 (the program's other, guarded pair of losses sits in a string and never runs); two Adam optimizers
 at 0.0002 over the discriminator's and the generator's variables; batches of 100; float32. The
-program feeds 0.3 as dropout's keep probability (TF1's second argument) to every pass: dropout
-stays inside the graph at that probability.
+program feeds 0.3 as dropout's keep probability (TF1's second argument) to every pass: dropout stays
+inside the graph at that probability.
 
-Training: the original runs the discriminator's step, then the generator's, in two
-``session.run`` calls; here the train op groups both Adam steps in one run (their variable sets
-are disjoint; the generator's gradient uses that run's forward pass).
+Training: the original runs the discriminator's step, then the generator's, in two ``session.run``
+calls; here the train op groups both Adam steps in one run (their variable sets are disjoint; the
+generator's gradient uses that run's forward pass).
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`) scaled as the program scales
 MNIST, ``(pixel - 0.5) / 0.5`` in ``[-1, 1]``: the bounds; the noise ``z ~ N(0, 1)`` of shape
-``[batch, 100]`` is drawn by ``sample`` (NumPy in the original) and not searched. GRIST searched
-the real images ``x``.
+``[batch, 100]`` is drawn by ``sample`` (NumPy in the original) and not searched. GRIST searched the
+real images ``x``.
 
-Bug ID_31: ``log(D(x))`` once the discriminator's sigmoid underflows to 0 (GRIST drove
-``min |D(x)|``).
+Bug ID_31: ``log(D(x))`` once the discriminator's sigmoid underflows to 0 (GRIST drove ``min
+|D(x)|``).
 """
 from __future__ import annotations
 

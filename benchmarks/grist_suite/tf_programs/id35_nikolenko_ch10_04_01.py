@@ -1,17 +1,19 @@
-"""GRIST subject ID_35, deep_learning_Nikolenko_and_Co.ch10_04_01: a variational autoencoder of MNIST.
+"""GRIST subject ID_35 (deep_learning_Nikolenko_and_Co.ch10_04_01): a variational autoencoder (VAE) of MNIST.
 
-Re-expressed from GRIST's benchmark, scripts/study_case/ID_35/ch10_04_01.py (``variant="log"``, entry
-ch10_04_01_grist.py) and ch10_04_01_sqrt.py (``variant="sqrt"``, entry ch10_04_01_sqrt_grist.py), from the
-book by Nikolenko, Kadurin and Arkhangelskaya. Facts carried over: encoder 784 -> 500 -> 500
-(softplus) -> ``z_mean`` and ``z_log_sigma_sq`` of ``n_z = 20``; decoder n_z -> 500 -> 500
-(softplus) -> 784 sigmoid; Xavier-uniform weights, zero biases;
-``z = z_mean + sqrt(exp(z_log_sigma_sq)) * eps`` with ``eps ~ N(0, 1)`` drawn by NumPy and fed;
-cost ``mean(reconstruction + KL)``; Adam at 0.001; batches of 100; float32.
+Re-expressed from GRIST's benchmark, scripts/study_case/ID_35/ch10_04_01.py (``variant="log"``,
+entry ch10_04_01_grist.py) and ch10_04_01_sqrt.py (``variant="sqrt"``, entry
+ch10_04_01_sqrt_grist.py), from the book by Nikolenko, Kadurin and Arkhangelskaya. Facts carried
+over: encoder 784 -> 500 -> 500 (softplus) -> ``z_mean`` and ``z_log_sigma_sq`` of ``n_z = 20``;
+decoder n_z -> 500 -> 500 (softplus) -> 784 sigmoid; Xavier-uniform weights, zero biases; ``z =
+z_mean + sqrt(exp(z_log_sigma_sq)) * eps`` with ``eps ~ N(0, 1)`` drawn by NumPy and fed; cost
+``mean(reconstruction + KL)``; Adam at 0.001; batches of 100; float32.
 - ``"log"``: ``z_log_sigma_sq`` clipped to ``[-87, 87]`` once (the sample and the KL use the clipped
   value); reconstruction ``-sum(x log(1e-10 + p) + (1 - x) log(1e-10 + 1 - p))``.
 - ``"sqrt"``: ``exp(clip(z_log_sigma_sq, -100, 87))`` in the sample and in the KL; reconstruction on
   ``clip(p, 1e-6, 1)`` and ``clip(1 - p, 1e-6, 1)``. GRIST's instrumented copy trains 50 epochs
-  before its search; ``pretrain_steps`` runs the program's own training first (0 by default). GRIST's instrumented copy of the sqrt file uses ``n_z = 2``; the original has 20 (the default here).
+  before its search; ``pretrain_steps`` runs the program's own training first (0 by default).
+  GRIST's instrumented copy of the sqrt file uses ``n_z = 2``; the original has 20 (the default
+  here).
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds;
 ``eps`` is drawn by ``sample`` (not searched). GRIST searched the images ``x``.

@@ -1,12 +1,13 @@
-"""GRIST subject ID_39, deep_learning_Nikolenko_and_Co.ch10_04_04_Pic_10_06: a variational autoencoder of MNIST with a 2-D latent space (figure 10.6).
+"""GRIST subject ID_39 (deep_learning_Nikolenko_and_Co.ch10_04_04_Pic_10_06): a 2-D-latent MNIST VAE (figure 10.6).
 
-Re-expressed from GRIST's benchmark, scripts/study_case/ID_39/ch10_04_04_Pic_10_06.py (``variant="log"``, entry
-ch10_04_04_Pic_10_06_grist.py) and ch10_04_04_Pic_10_06_sqrt.py (``variant="sqrt"``, entry ch10_04_04_Pic_10_06_sqrt_grist.py), from the
-book by Nikolenko, Kadurin and Arkhangelskaya. Facts carried over: encoder 784 -> 500 -> 500
-(softplus) -> ``z_mean`` and ``z_log_sigma_sq`` of ``n_z = 2``; decoder n_z -> 500 -> 500
-(softplus) -> 784 sigmoid; Xavier-uniform weights, zero biases;
-``z = z_mean + sqrt(exp(z_log_sigma_sq)) * eps`` with ``eps ~ N(0, 1)`` drawn by NumPy and fed;
-cost ``mean(reconstruction + KL)``; Adam at 0.001; batches of 100; float32.
+Re-expressed from GRIST's benchmark, scripts/study_case/ID_39/ch10_04_04_Pic_10_06.py
+(``variant="log"``, entry ch10_04_04_Pic_10_06_grist.py) and ch10_04_04_Pic_10_06_sqrt.py
+(``variant="sqrt"``, entry ch10_04_04_Pic_10_06_sqrt_grist.py), from the book by Nikolenko, Kadurin
+and Arkhangelskaya. Facts carried over: encoder 784 -> 500 -> 500 (softplus) -> ``z_mean`` and
+``z_log_sigma_sq`` of ``n_z = 2``; decoder n_z -> 500 -> 500 (softplus) -> 784 sigmoid;
+Xavier-uniform weights, zero biases; ``z = z_mean + sqrt(exp(z_log_sigma_sq)) * eps`` with ``eps ~
+N(0, 1)`` drawn by NumPy and fed; cost ``mean(reconstruction + KL)``; Adam at 0.001; batches of 100;
+float32.
 - ``"log"``: ``z_log_sigma_sq`` clipped to ``[-87, 87]`` once (the sample and the KL use the clipped
   value); reconstruction ``-sum(x log(1e-10 + p) + (1 - x) log(1e-10 + 1 - p))``.
 - ``"sqrt"``: ``exp(clip(z_log_sigma_sq, -100, 87))`` in the sample and in the KL; reconstruction on

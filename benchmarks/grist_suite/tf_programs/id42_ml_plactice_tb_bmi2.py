@@ -1,15 +1,15 @@
 """GRIST subject ID_42, ml_plactice.tb_bmi2: the body-mass-index softmax regression with TensorBoard name scopes.
 
-Re-expressed from GRIST's benchmark, scripts/study_case/ID_42/src/ch5/tb-bmi2.py (entry tb-bmi2_grist.py), subject
-ID_40's program with its ops grouped in TensorBoard name scopes (same model and training).
-Facts carried over: inputs ``[weight / 100, height / 200]``, a 2 -> 3 softmax layer (thin, normal,
-fat) with zero-initialised weights and biases; loss ``-sum(y * log(softmax))`` over the batch;
-plain gradient descent at 0.01; batches of 100; float32.
+Re-expressed from GRIST's benchmark, scripts/study_case/ID_42/src/ch5/tb-bmi2.py (entry
+tb-bmi2_grist.py), subject ID_40's program with its ops grouped in TensorBoard name scopes (same
+model and training). Facts carried over: inputs ``[weight / 100, height / 200]``, a 2 -> 3 softmax
+layer (thin, normal, fat) with zero-initialised weights and biases; loss ``-sum(y * log(softmax))``
+over the batch; plain gradient descent at 0.01; batches of 100; float32.
 
 Data: the original reads bmi.csv; a stand-in of the same form is synthesised (see
-:func:`._common.bmi_pool`): scaled features in ``[0.35, 0.8]`` (weight) and ``[0.6, 1.0]``
-(height); bounds ``[0.35, 1.0]`` cover both columns, as GRIST's clip to the batch's min and max
-did. GRIST searched the features ``x``.
+:func:`._common.bmi_pool`): scaled features in ``[0.35, 0.8]`` (weight) and ``[0.6, 1.0]`` (height);
+bounds ``[0.35, 1.0]`` cover both columns, as GRIST's clip to the batch's min and max did. GRIST
+searched the features ``x``.
 
 Bug ID_42: ``log`` of a softmax output that underflows to 0.
 """

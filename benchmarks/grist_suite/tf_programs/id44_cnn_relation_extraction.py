@@ -4,8 +4,8 @@ Re-expressed from GRIST's benchmark, scripts/study_case/ID_44/CNN.py (entry CNN_
 examples/cnn-mnist/mnist_example_grist.py: 28 x 28 x 1 inputs, 10 classes, 5 x 5 filters). Facts
 carried over: a 5x5 SAME convolution to 16 maps (ReLU), 2x2 max-pooling, a 128-unit ReLU layer,
 dropout at the class's keep probability 0.5 (fed to every pass, so it stays inside the graph), a
-10-way softmax; weights from a truncated normal of stddev 0.1, biases 0.1; loss
-``-sum(y * log(softmax))`` over the batch; Adagrad at 1e-3; batches of 50; float32.
+10-way softmax; weights from a truncated normal of stddev 0.1, biases 0.1; loss ``-sum(y *
+log(softmax))`` over the batch; Adagrad at 1e-3; batches of 50; float32.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 GRIST searched the inputs ``x``.

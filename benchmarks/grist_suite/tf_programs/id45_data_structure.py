@@ -1,13 +1,13 @@
 """GRIST subject ID_45, DataStructure: two MNIST classifiers of one repository, a softmax regression and a CNN.
 
-Re-expressed from GRIST's benchmark, scripts/study_case/ID_45/MNIST_Digit_classification_using_CNN.py
-(``variant="softmax"``, entry MNIST_Digit_classification_using_CNN_grist.py) and
-MNIST_Digit_classification_using_CNN2.py (``variant="cnn"``, entry ..._CNN2_grist.py). Facts carried
-over, ``"softmax"``: a 784 -> 10 softmax layer with zero-initialised weights and biases, plain
-gradient descent at 0.5; ``"cnn"``: the "Deep MNIST for experts" network (see
-:func:`._common.tutorial_cnn_softmax`) with dropout kept at the training probability 0.5 inside
-the graph, Adam at 1e-4. Both: loss ``mean over the batch of -sum(y * log(p))``, batches of 50,
-float32.
+Re-expressed from GRIST's benchmark,
+scripts/study_case/ID_45/MNIST_Digit_classification_using_CNN.py (``variant="softmax"``, entry
+MNIST_Digit_classification_using_CNN_grist.py) and MNIST_Digit_classification_using_CNN2.py
+(``variant="cnn"``, entry ..._CNN2_grist.py). Facts carried over, ``"softmax"``: a 784 -> 10 softmax
+layer with zero-initialised weights and biases, plain gradient descent at 0.5; ``"cnn"``: the "Deep
+MNIST for experts" network (see :func:`._common.tutorial_cnn_softmax`) with dropout kept at the
+training probability 0.5 inside the graph, Adam at 1e-4. Both: loss ``mean over the batch of -sum(y
+* log(p))``, batches of 50, float32.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 GRIST searched the images ``x``.

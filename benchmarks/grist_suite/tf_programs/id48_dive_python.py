@@ -4,10 +4,10 @@ Re-expressed from GRIST's benchmark, scripts/study_case/ID_48/day01.py and day01
 day01_grist.py and day01_2_grist.py: GRIST instrumented ``deep_NN`` in the first and ``easy_NN`` in
 the second). Facts carried over, both: loss ``mean over the batch of -sum(y * log(softmax))``,
 batches of 100, float32.
-- ``variant="deep"`` (``deep_NN``): 784 -> 300 ReLU -> dropout -> 10 softmax, ``w1`` from a truncated
-  normal of stddev 0.1, ``b1``, ``w2``, ``b2`` zeros; the input gets ``0.01 * N(0, 1)`` noise of shape
-  ``[784]`` drawn inside the graph at every pass; dropout at the training keep probability 0.75
-  inside the graph; Adagrad at 0.3.
+- ``variant="deep"`` (``deep_NN``): 784 -> 300 ReLU -> dropout -> 10 softmax, ``w1`` from a
+  truncated normal of stddev 0.1, ``b1``, ``w2``, ``b2`` zeros; the input gets ``0.01 * N(0, 1)``
+  noise of shape ``[784]`` drawn inside the graph at every pass; dropout at the training keep
+  probability 0.75 inside the graph; Adagrad at 0.3.
 - ``variant="easy"`` (``easy_NN``): a 784 -> 10 softmax layer with zero-initialised weights and
   biases; plain gradient descent at 0.5.
 

@@ -1,12 +1,14 @@
-"""GRIST subject ID_49, deep_learning_Nikolenko_and_Co.ch10_04_06_Pic_10_08: a conditional variational autoencoder of MNIST (figure 10.8).
+"""GRIST subject ID_49 (deep_learning_Nikolenko_and_Co.ch10_04_06_Pic_10_08): a conditional MNIST VAE (figure 10.8).
 
-Re-expressed from GRIST's benchmark, scripts/study_case/ID_49/ch10_04_06_Pic_10_08.py (``variant="log"``, entry
-ch10_04_06_Pic_10_08_grist.py) and ch10_04_06_Pic_10_08_sqrt.py (``variant="sqrt"``, entry ch10_04_06_Pic_10_08_sqrt_grist.py), from the
-book by Nikolenko, Kadurin and Arkhangelskaya. Facts carried over: encoder 784 + 10 (image and one-hot label) -> 500 -> 500
-(softplus) -> ``z_mean`` and ``z_log_sigma_sq`` of ``n_z = 2``; decoder n_z + 10 (latent and label) -> 500 -> 500
-(softplus) -> 784 sigmoid; the label ``y`` is concatenated to the image and to the latent sample; Xavier-uniform weights, zero biases;
-``z = z_mean + sqrt(exp(z_log_sigma_sq)) * eps`` with ``eps ~ N(0, 1)`` drawn by NumPy and fed;
-cost ``mean(reconstruction + KL)``; Adam at 0.001; batches of 100; float32.
+Re-expressed from GRIST's benchmark, scripts/study_case/ID_49/ch10_04_06_Pic_10_08.py
+(``variant="log"``, entry ch10_04_06_Pic_10_08_grist.py) and ch10_04_06_Pic_10_08_sqrt.py
+(``variant="sqrt"``, entry ch10_04_06_Pic_10_08_sqrt_grist.py), from the book by Nikolenko, Kadurin
+and Arkhangelskaya. Facts carried over: encoder 784 + 10 (image and one-hot label) -> 500 -> 500
+(softplus) -> ``z_mean`` and ``z_log_sigma_sq`` of ``n_z = 2``; decoder n_z + 10 (latent and label)
+-> 500 -> 500 (softplus) -> 784 sigmoid; the label ``y`` is concatenated to the image and to the
+latent sample; Xavier-uniform weights, zero biases; ``z = z_mean + sqrt(exp(z_log_sigma_sq)) * eps``
+with ``eps ~ N(0, 1)`` drawn by NumPy and fed; cost ``mean(reconstruction + KL)``; Adam at 0.001;
+batches of 100; float32.
 - ``"log"``: ``z_log_sigma_sq`` clipped to ``[-87, 87]`` once (the sample and the KL use the clipped
   value); reconstruction ``-sum(x log(1e-10 + p) + (1 - x) log(1e-10 + 1 - p))``.
 - ``"sqrt"``: ``exp(clip(z_log_sigma_sq, -100, 87))`` in the sample and in the KL; reconstruction on
@@ -14,7 +16,8 @@ cost ``mean(reconstruction + KL)``; Adam at 0.001; batches of 100; float32.
   before its search; ``pretrain_steps`` runs the program's own training first (0 by default).
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds;
-``eps`` is drawn by ``sample`` (not searched), the labels ``y`` are one-hot. GRIST searched the images ``x``.
+``eps`` is drawn by ``sample`` (not searched), the labels ``y`` are one-hot. GRIST searched the
+images ``x``.
 
 Bugs (ids in the order of GRIST's entry files):
 - ID_49a (variant "log"): the reconstruction's ``log``: in float32 ``1e-10 + 1`` is 1, so

@@ -3,8 +3,8 @@
 Re-expressed from GRIST's benchmark, scripts/study_case/ID_52/5_mnist_full_connection.py (entry
 5_mnist_full_connection_grist.py). Facts carried over: a 784 -> 10 softmax layer with
 zero-initialised weights and biases; loss ``mean(-sum(y * log(softmax)))`` where the sum runs over
-every element of the batch (the mean is then of a scalar); plain gradient descent at 0.005;
-batches of 100; float32.
+every element of the batch (the mean is then of a scalar); plain gradient descent at 0.005; batches
+of 100; float32.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 GRIST searched the images ``x``.

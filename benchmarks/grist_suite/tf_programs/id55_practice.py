@@ -2,9 +2,9 @@
 
 Re-expressed from GRIST's benchmark, scripts/study_case/ID_55/logistic_regression.py (entry
 logistic_regression_grist.py): the file also builds a softmax regression, which the loss does not
-use. Facts carried over: the tutorial's network (see
-:func:`._common.tutorial_cnn_softmax`) with dropout kept at the training probability 0.5 inside
-the graph; loss ``mean over the batch of -sum(y * log(softmax))``; Adam at 1e-4; batches of 50; float32.
+use. Facts carried over: the tutorial's network (see :func:`._common.tutorial_cnn_softmax`) with
+dropout kept at the training probability 0.5 inside the graph; loss ``mean over the batch of -sum(y
+* log(softmax))``; Adam at 1e-4; batches of 50; float32.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 GRIST searched the images ``x``.

@@ -2,8 +2,8 @@
 
 Re-expressed from GRIST's benchmark, scripts/study_case/ID_58/test.py (entry test_grist.py), its
 ``deep_mnist`` function, the one the script runs. Facts carried over: the tutorial's network (see
-:func:`._common.tutorial_cnn_softmax`) with dropout kept at the training probability 0.5 inside
-the graph; loss ``-sum(y * log(softmax))`` over the batch; Adam at 1e-4; batches of 50; float32.
+:func:`._common.tutorial_cnn_softmax`) with dropout kept at the training probability 0.5 inside the
+graph; loss ``-sum(y * log(softmax))`` over the batch; Adam at 1e-4; batches of 50; float32.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 GRIST searched the images ``x``.

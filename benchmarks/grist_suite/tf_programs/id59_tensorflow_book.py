@@ -9,8 +9,8 @@ and applied by two assign ops, ``w <- w - 0.01 * w_grad`` and ``b <- b - 0.01 * 
 (a mean over the 784 input rows, as the program has it); batches of 100; float32.
 
 Data: the original loads MNIST through ``tf.keras.datasets`` and divides by 255; the stand-in here
-is scikit-learn's digits (see :mod:`._common`), pixels in ``[0, 1]``: the bounds. GRIST searched
-the images ``x``.
+is scikit-learn's digits (see :mod:`._common`), pixels in ``[0, 1]``: the bounds. GRIST searched the
+images ``x``.
 
 Bug ID_59: ``log`` of a softmax output that underflows to 0.
 """

@@ -1,8 +1,10 @@
 """GRIST subject ID_60, tensorflow_test: an MNIST softmax regression with a hand-written cross-entropy.
 
-Re-expressed from GRIST's benchmark, scripts/study_case/ID_60/simple_saveAndReloadModel.py (entry simple_saveAndReloadModel_grist.py).
-Facts carried over: a 784 -> 10 softmax layer with zero-initialised weights and biases; loss
-``-sum(y * log(softmax))`` summed over the batch; plain gradient descent at 0.01; batches of 100; float32. (Its ``save_model_variables``, the function the script runs.)
+Re-expressed from GRIST's benchmark, scripts/study_case/ID_60/simple_saveAndReloadModel.py (entry
+simple_saveAndReloadModel_grist.py). Facts carried over: a 784 -> 10 softmax layer with
+zero-initialised weights and biases; loss ``-sum(y * log(softmax))`` summed over the batch; plain
+gradient descent at 0.01; batches of 100; float32. (Its ``save_model_variables``, the function the
+script runs.)
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 GRIST searched the images ``x``.

@@ -2,9 +2,9 @@
 
 Re-expressed from GRIST's benchmark, scripts/study_case/ID_61/multi_layer_perceptron.py (entry
 multi_layer_perceptron_grist.py). Facts carried over: 784 -> 300 ReLU -> dropout -> 10 softmax;
-``W1`` from a truncated normal of stddev 0.1, ``b1``, ``W2`` and ``b2`` zeros; loss
-``-sum(y * log(softmax))`` over the batch; Adagrad at 0.01; batches of 100; float32. The program
-feeds a keep probability of 1 to every pass: the dropout op stays, as a no-op by default.
+``W1`` from a truncated normal of stddev 0.1, ``b1``, ``W2`` and ``b2`` zeros; loss ``-sum(y *
+log(softmax))`` over the batch; Adagrad at 0.01; batches of 100; float32. The program feeds a keep
+probability of 1 to every pass: the dropout op stays, as a no-op by default.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 GRIST searched the images ``x``.
