@@ -47,6 +47,11 @@ class OpSpec:
                finding can name them, never searched.
     point:     invalid only at isolated points (a zero divisor, a pole): crossing
                the boundary does not trigger, the search must land on it.
+    phase:     ``forward`` (the op's output goes non-finite) or ``backward`` (its output is
+               finite, its gradient is not: ``sqrt`` at 0, ``acos`` at 1); a backward row
+               shares its framework ops with a forward row and is searched only in programs
+               that train, triggered when the program's own backward first goes non-finite
+               at the node this op created.
     """
 
     name: str
@@ -59,6 +64,7 @@ class OpSpec:
     log_space: bool = False
     searched: bool = True
     point: bool = False
+    phase: str = "forward"
     notes: str = field(default="", compare=False)
 
     def margins(self, inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
@@ -80,6 +86,7 @@ class Catalogue:
         self._by_name: dict[str, OpSpec] = {}
         self._torch: dict[str, OpSpec] = {}
         self._tf: dict[str, OpSpec] = {}
+        self._torch_backward: dict[str, OpSpec] = {}
         for spec in specs:
             self.register(spec)
 
@@ -94,6 +101,10 @@ class Catalogue:
             dup = sorted({k for k in keys if keys.count(k) > 1})
             if dup:
                 raise ValueError(f"{spec.name!r} lists the {kind} op {dup[0]!r} twice")
+        if spec.phase not in ("forward", "backward"):
+            raise ValueError(f"{spec.name!r}: phase must be 'forward' or 'backward', got {spec.phase!r}")
+        if spec.phase == "backward":
+            return self._register_backward(spec, torch_keys, replace)
         if not replace:
             if spec.name in self._by_name:
                 raise ValueError(f"op {spec.name!r} is already registered")
@@ -115,6 +126,29 @@ class Catalogue:
         self._torch.update({key: spec for key in torch_keys})
         self._tf.update({key: spec for key in spec.tf})
         return spec
+
+    def _register_backward(self, spec: OpSpec, torch_keys: list[str], replace: bool) -> OpSpec:
+        if spec.tf:
+            raise ValueError(f"{spec.name!r}: backward hazards are catalogued for torch ops only")
+        if not replace:
+            if spec.name in self._by_name:
+                raise ValueError(f"op {spec.name!r} is already registered")
+            for key in torch_keys:
+                if key in self._torch_backward:
+                    raise ValueError(f"the backward hazard of torch op {key!r} is already registered "
+                                     f"by {self._torch_backward[key].name!r}")
+        old = self._by_name.get(spec.name)
+        if old is not None:
+            for key in old.torch:
+                if self._torch_backward.get(torch_key(key)) is old:
+                    del self._torch_backward[torch_key(key)]
+        self._by_name[spec.name] = spec
+        self._torch_backward.update({key: spec for key in torch_keys})
+        return spec
+
+    def torch_backward_specs(self) -> dict[str, OpSpec]:
+        """Packet -> the backward-hazard row of that torch op (``sqrt`` -> ``sqrt_grad``)."""
+        return dict(self._torch_backward)
 
     def __iter__(self):
         return iter(self._by_name.values())
@@ -306,6 +340,52 @@ def _spec_rows() -> list[OpSpec]:
     ]
 
 
+def pow_grad_margin(inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
+    """pow(x, p) with a constant 0 < p < 1: the gradient p * x**(p - 1) is infinite at x = 0, and
+    overflows wherever x**(p - 1) does (below ``max ** (1 / (p - 1))``: subnormal x for small p)."""
+    base, e = inputs[0], inputs[1] if len(inputs) > 1 else None
+    if not _is_num(e) or not 0 < float(e) < 1 or not xp.is_tensor(base):
+        return None
+    base = xp.as_float(base, base)
+    largest = 4.0 * xp.big(base)
+    return xp.abs(base) - largest ** (1.0 / (float(e) - 1.0))
+
+
+def reciprocal_grad_margin(inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
+    """1/x: its gradient -1/x**2 overflows for |x| at most a dtype limit (about 5.4e-20 in float32)."""
+    x = inputs[0]
+    if not xp.is_tensor(x):
+        return None
+    return xp.abs(xp.as_float(x, x)) - xp.limit("reciprocal_grad_max", x)
+
+
+def _backward_rows() -> list[OpSpec]:
+    """Ops whose output stays finite where their gradient does not: a program that trains
+    meets them in its own backward pass (an infinite gradient, then NaN weights). PyTorch
+    itself guards the norm, ``cdist``, ``pdist``, ``dist`` and ``atan2`` at 0 (their gradient
+    there is 0): no rows for them."""
+    return [
+        OpSpec("sqrt_grad", "backward: sqrt at 0 has an infinite gradient", torch=("sqrt", "sqrt_"),
+               domain=POSITIVE, log_space=True, phase="backward"),
+        OpSpec("rsqrt_grad", "backward: rsqrt of a tiny x has an overflowing gradient", torch=("rsqrt", "rsqrt_"),
+               domain=Domain.of(Interval("rsqrt_grad_min", INF)), log_space=True, phase="backward"),
+        OpSpec("log_grad", "backward: log of a subnormal x has an overflowing gradient (1/x)",
+               torch=("log", "log_"), domain=Domain.of(Interval("log_grad_min", INF)), log_space=True,
+               phase="backward"),
+        OpSpec("pow_grad", "backward: pow(x, p) with 0 < p < 1 has an infinite gradient at x = 0",
+               torch=("pow", "pow_"), margin=pow_grad_margin, log_space=True, phase="backward"),
+        OpSpec("acos_grad", "backward: acos at |x| = 1 has an infinite gradient", torch=("acos", "acos_"),
+               domain=UNIT_OPEN, log_space=True, phase="backward"),
+        OpSpec("asin_grad", "backward: asin at |x| = 1 has an infinite gradient", torch=("asin", "asin_"),
+               domain=UNIT_OPEN, log_space=True, phase="backward"),
+        OpSpec("acosh_grad", "backward: acosh at x = 1 has an infinite gradient", torch=("acosh", "acosh_"),
+               domain=Domain.of(Interval(1.0, INF)), log_space=True, phase="backward"),
+        OpSpec("reciprocal_grad", "backward: 1/x of a tiny x has an overflowing gradient (1/x**2)",
+               torch=("reciprocal", "reciprocal_"), margin=reciprocal_grad_margin, log_space=True,
+               phase="backward"),
+    ]
+
+
 def _logit_margin(inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
     # logit(x, eps) clamps into [eps, 1 - eps]: with an eps the op has no hazard.
     if len(inputs) > 1 and inputs[1] is not None and _is_num(inputs[1]) and inputs[1] > 0:
@@ -313,7 +393,7 @@ def _logit_margin(inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
     return PROBABILITY_OPEN.margin(xp.as_float(inputs[0], inputs[0]), xp)
 
 
-DEFAULT_CATALOGUE = Catalogue(_spec_rows())
+DEFAULT_CATALOGUE = Catalogue(_spec_rows() + _backward_rows())
 
 
 def register_op(spec: OpSpec, *, replace: bool = False) -> OpSpec:
@@ -322,7 +402,7 @@ def register_op(spec: OpSpec, *, replace: bool = False) -> OpSpec:
 
 
 def searched_specs() -> list[OpSpec]:
-    return [s for s in DEFAULT_CATALOGUE if s.searched]
+    return [s for s in DEFAULT_CATALOGUE if s.searched and s.phase == "forward"]
 
 
 def log_floor(tiny: float) -> float:

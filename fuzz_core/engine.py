@@ -70,8 +70,54 @@ def confirm(runner, site: OpSite, inputs: dict[str, np.ndarray], state: dict | N
     return runner.check(inputs, seed)
 
 
-def confirmed(result: CheckResult, site: OpSite) -> bool:
-    return bool(result.triggered.get(site.key, False))
+NOT_LOCATED = "<not located"
+
+
+def same_op(a: Any, b: Any) -> bool:
+    """Two first ops (OpRef or its dict) name the same op; a location the search could not name
+    (it names only catalogued ops) matches any location of the same kind."""
+    if a is None or b is None:
+        return a is None and b is None
+    a = a if isinstance(a, dict) else a.to_dict()
+    b = b if isinstance(b, dict) else b.to_dict()
+    if a.get("op") != b.get("op"):
+        return False
+    la, lb = str(a.get("location", "")), str(b.get("location", ""))
+    if la.startswith(NOT_LOCATED) or lb.startswith(NOT_LOCATED):
+        return True
+    return la == lb and int(a.get("occurrence", 0)) == int(b.get("occurrence", 0))
+
+
+def confirmed(result: CheckResult, site: OpSite, expected: Any = None) -> bool:
+    """Does a replay reproduce what the search saw? The site's own hazard (the default), or, for
+    a candidate that another op (or the training step) produced, the same first op in the same
+    phase. ``expected``: a :class:`Candidate` or a finding report (``site_triggered``, ``phase``,
+    ``first_op``)."""
+    own, phase, first = _expectation(expected)
+    if own:
+        return bool(result.triggered.get(site.key, False))
+    return bool(result.event) and (result.phase or "forward") == phase and same_op(result.first_op, first)
+
+
+def _expectation(expected: Any) -> tuple[bool, str, Any]:
+    if expected is None:
+        return True, "forward", None
+    if isinstance(expected, dict):
+        return (bool(expected.get("site_triggered", True)), str(expected.get("phase") or "forward"),
+                expected.get("first_op"))
+    return bool(expected.own), expected.phase, expected.first_op
+
+
+REPLAYS = 3     # fresh replays of a candidate: all reproduce it (found), some (flaky), none (flaky, 0 of n)
+
+
+def fresh_runner(spec: TargetSpec, options: RunnerOptions, live: tuple = ()):
+    """A new build of the target from its factory. Runners of the same target already built in
+    this process are reset first: a module-level tensor of the user's script is shared by every
+    build, and a new build must start from its value as the factory left it."""
+    for runner in live:
+        runner.reset()
+    return build_runner(spec, options)
 
 
 TOWARD_ORIGINAL_STEPS = 12     # bisection steps on a kept row's interpolation factor (1/4096 resolution)
@@ -81,12 +127,13 @@ REPLAY_TIMING_CAP_S = 0.5      # ... unless one replay already takes this long
 
 def minimise(runner, site: OpSite, inputs: dict[str, np.ndarray], state: dict | None, seed: int, *,
              original: dict[str, np.ndarray] | None = None,
-             bounds: dict[str, tuple[float, float]] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+             bounds: dict[str, tuple[float, float]] | None = None,
+             expected: Any = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Shrink the batch to the fewest rows that still trigger the site (often one), then move the
     searched values of the kept rows back toward ``original`` (the batch the search started from)
     as far as the bug allows. Every try is a replay; the result always replays."""
     n = next(iter(inputs.values())).shape[0]
-    replays = _Replays(runner, site, state, seed)
+    replays = _Replays(runner, site, state, seed, expected)
     t0 = time.perf_counter()
     rows = _fewest_rows(replays, inputs, n)
     small = {k: v[rows] for k, v in inputs.items()}
@@ -111,13 +158,15 @@ def minimise(runner, site: OpSite, inputs: dict[str, np.ndarray], state: dict | 
 class _Replays:
     """Counted replays of one site: does a batch still trigger it?"""
 
-    def __init__(self, runner, site: OpSite, state: dict | None, seed: int) -> None:
+    def __init__(self, runner, site: OpSite, state: dict | None, seed: int, expected: Any = None) -> None:
         self.runner, self.site, self.state, self.seed, self.count = runner, site, state, seed, 0
+        self.expected = expected
 
     def triggers(self, values: dict[str, np.ndarray]) -> bool:
         self.count += 1
         try:
-            return confirmed(confirm(self.runner, self.site, values, self.state, self.seed), self.site)
+            return confirmed(confirm(self.runner, self.site, values, self.state, self.seed), self.site,
+                             self.expected)
         except Exception:  # noqa: BLE001 - a program that needs its full batch: keep it
             return False
 
@@ -220,27 +269,48 @@ def baseline_batch(runner, site: OpSite, seed: int) -> dict[str, np.ndarray]:
 
 
 def finding_from(runner, spec: TargetSpec, site: OpSite, config: SearchConfig, cand: Candidate,
-                 seconds: float, device: str = "cpu", minimise_batch: bool = True) -> Finding | None:
-    """Confirm a candidate by replay; minimise it; return the finding, or None if it does not replay."""
-    result = confirm(runner, site, cand.values, cand.state, cand.seed)
-    if not confirmed(result, site):
-        log.info("candidate for %s did not replay: discarded", site.label)
-        return None
+                 seconds: float, device: str = "cpu", minimise_batch: bool = True,
+                 replays: int = REPLAYS) -> Finding:
+    """Confirm a candidate by replays in a fresh build of the target (never on the searching
+    process's live objects: ``runner`` is only reset, so that module-level state is the
+    factory's again), minimise it when every replay reproduced it, and return the finding.
+
+    A candidate never vanishes: one that some or none of the replays reproduce (randomness the
+    engine cannot re-seed, as a TF1 graph's dropout) is a *flaky* finding, with its values and
+    the count of replays that reproduced it."""
+    options = getattr(runner, "options", RunnerOptions(device=device))
+    fresh = fresh_runner(spec, options, live=(runner,))
+    isolated = not getattr(fresh, "untracked", None)
+    results = []
+    for i in range(max(1, replays)):
+        if i and not isolated:           # writes the engine cannot undo: a new build per replay
+            fresh = fresh_runner(spec, options, live=(fresh,))
+        result = confirm(fresh, site, cand.values, cand.state, cand.seed)
+        isolated = isolated and not getattr(fresh, "untracked", None)
+        results.append((confirmed(result, site, cand), result))
+    reproduced = sum(ok for ok, _ in results)
+    if reproduced < len(results):
+        log.warning("candidate for %s reproduced by %d of %d fresh replays: flaky", site.label,
+                    reproduced, len(results))
+    result = next((r for ok, r in results if ok), results[0][1])
     inputs, info = dict(cand.values), {}
-    if minimise_batch:
-        inputs, info = minimise(runner, site, cand.values, cand.state, cand.seed,
-                                original=baseline_batch(runner, site, config.seed), bounds=cand.bounds)
-        result = confirm(runner, site, inputs, cand.state, cand.seed)
-    first = result.first_op.to_dict() if result.first_op else None
+    if minimise_batch and reproduced == len(results) and isolated:
+        inputs, info = minimise(fresh, site, cand.values, cand.state, cand.seed,
+                                original=baseline_batch(fresh, site, config.seed), bounds=cand.bounds,
+                                expected=cand)
+        result = confirm(fresh, site, inputs, cand.state, cand.seed)
+    first = result.first_op.to_dict() if result.first_op else (cand.first_op.to_dict() if cand.first_op else None)
+    fresh.reset()
     return Finding(site=site, target=spec.to_dict(), inputs=inputs, state=cand.state, step=cand.step,
                    step_seed=cand.seed, strategy=config.strategy, first_op=first,
                    trigger="weights" if cand.weights_searched else "inputs", training=cand.training,
-                   bounds=cand.bounds, seconds=seconds, minimised=info, versions=runner.versions(),
-                   device=device)
+                   bounds=cand.bounds, seconds=seconds, minimised=info, versions=fresh.versions(),
+                   device=device, phase=cand.phase, replays=(reproduced, len(results)),
+                   site_triggered=cand.own)
 
 
 def replay(runner, loaded: LoadedFinding) -> CheckResult:
-    """Replay a saved finding on a freshly built runner."""
+    """Replay a saved finding on a freshly built runner (:func:`confirmed` with the report judges it)."""
     return confirm(runner, loaded.site, loaded.inputs, loaded.state, int(loaded.report["step_seed"]))
 
 

@@ -35,6 +35,21 @@ def signature(target: str, op: str, location: str, hazard: str) -> str:
     return hashlib.sha1(f"{target}\x00{op}\x00{location}\x00{hazard}".encode()).hexdigest()[:16]
 
 
+def bug_of(first_op: dict[str, Any], phase: str) -> tuple[str, str, str]:
+    """(op, location, hazard) of the bug a first non-finite op names: the catalogue's row when
+    the op has one for that phase (so the bug has the signature its own site's search gives it),
+    else the op's kind in its phase."""
+    from fuzz_core.catalogue import DEFAULT_CATALOGUE
+
+    op, kind, location = str(first_op.get("op", "")), str(first_op.get("kind", "")), str(first_op.get("location", ""))
+    name = f"{op}_grad" if phase == "backward" else op
+    try:
+        spec = DEFAULT_CATALOGUE[name]
+    except KeyError:
+        return op, location, f"{phase}: {kind}"
+    return spec.name, location, spec.hazard
+
+
 @dataclass
 class Finding:
     """A confirmed bug, with everything needed to replay it."""
@@ -57,6 +72,7 @@ class Finding:
     phase: str = "forward"               # where the first non-finite value arose: forward | backward | update
     replays: tuple[int, int] = (1, 1)    # (reproduced, of): fresh replays that went non-finite at the same op
     notes: list[str] = field(default_factory=list)   # for people: values outside the sampled data, ...
+    site_triggered: bool = True          # the searched site's own hazard fired (else first_op is another op)
 
     @property
     def flaky(self) -> bool:
@@ -65,7 +81,12 @@ class Finding:
 
     @property
     def signature(self) -> str:
-        return signature(self.site.target, self.site.op, self.site.location, self.site.hazard)
+        """The bug: the searched site's hazard, or, when another op (or the training step) went
+        non-finite first, that op in its phase."""
+        first = self.first_op or {}
+        if self.site_triggered or not first:
+            return signature(self.site.target, self.site.op, self.site.location, self.site.hazard)
+        return signature(self.site.target, *bug_of(first, self.phase))
 
     @property
     def folder_name(self) -> str:
@@ -81,6 +102,7 @@ class Finding:
             "signature": self.signature,
             "first_op": self.first_op,
             "phase": self.phase,
+            "site_triggered": self.site_triggered,
             "replays": {"reproduced": int(self.replays[0]), "of": int(self.replays[1])},
             "flaky": self.flaky,
             "notes": list(self.notes),

@@ -59,6 +59,8 @@ class Candidate:
     training: bool
     weights_searched: bool
     bounds: dict[str, tuple[float, float]]
+    phase: str = "forward"              # where the step's first non-finite value arose
+    own: bool = True                    # the site's own hazard fired (else another op, or a later phase)
 
 
 @dataclass
@@ -81,6 +83,10 @@ class QuantumResult:
         return self.candidate is not None
 
 
+_EXIT_REASONS = {SiteStatus.FOUND: ExitReason.TRIGGERED, SiteStatus.EXHAUSTED: ExitReason.BUDGET_SPENT,
+                 SiteStatus.UNREACHABLE: ExitReason.UNREACHABLE}
+
+
 class QuantumOver(Exception):
     """The quantum or the site's budget is spent."""
 
@@ -101,13 +107,18 @@ def site_rng(seed: int, site_id: str) -> np.random.Generator:
 
 
 def suspect_loss(ev: Evaluation, spec: OpSpec) -> float:
-    """The distance to the boundary that traces and the scheduler see: >= 0, 0 at the edge."""
-    if not ev.seen:
-        return math.inf
+    """The distance to the boundary that traces and the scheduler see: >= 0, 0 at the edge.
+
+    A margin that is NaN (the op's input already NaN) is not "at the edge": it is infinitely
+    far from telling anything (``max(0.0, nan)`` is 0.0 in Python, hence the explicit test)."""
     if ev.triggered:
         return 0.0
+    if not ev.seen:
+        return math.inf
     if spec.log_space and math.isfinite(ev.log_loss):
         return max(0.0, ev.log_loss)
+    if math.isnan(ev.hard):
+        return math.inf
     return max(0.0, ev.hard)
 
 
@@ -185,7 +196,7 @@ class SiteSearch:
         self._trace.append(TracePoint(self.step, loss, self.best, ev.grad_norm,
                                       "trigger" if ev.triggered else event, ev.triggered,
                                       time.perf_counter() - self._t0 + self.seconds))
-        if ev.triggered:
+        if ev.triggered or ev.event:     # any non-finite value in the step ends the search
             self.candidate = self._candidate(values, ev, seed)
             raise Triggered
         if ev.weights is not None:
@@ -193,13 +204,21 @@ class SiteSearch:
         return ev
 
     def _changed_state(self) -> dict[str, np.ndarray] | None:
-        """The runner's model state when it is no longer the factory's (trained or searched)."""
-        return self.runner.get_state() if (self.trained or self.config.search_weights) else None
+        """The runner's model state when it is no longer the factory's (trained, searched, or
+        moved by the program's own forward passes)."""
+        changed = getattr(self.runner, "state_changed", None)
+        if self.trained or self.config.search_weights or (changed is not None and changed()):
+            return self.runner.get_state()
+        return None
 
     def _candidate(self, values: dict[str, np.ndarray], ev: Evaluation, seed: int) -> Candidate:
+        """The step that went bad, from the state it started from (a bad training step has
+        already moved the weights: the runner kept a copy of where it began)."""
         batch = {k: np.array(v) for k, v in values.items() if not k.startswith(WEIGHT_PREFIX)}
-        return Candidate(batch, self._changed_state(), self.step, seed, ev.first_op,
-                         self.trained, self.config.search_weights, dict(self.bounds))
+        state = ev.state_before if ev.state_before is not None else self._changed_state()
+        return Candidate(batch, state, self.step, seed, ev.first_op, self.trained or ev.trained,
+                         self.config.search_weights, dict(self.bounds), phase=ev.phase or "forward",
+                         own=bool(ev.triggered))
 
     # -- running a quantum --------------------------------------------------------------
     def run(self, steps: int, refresh: bool = False) -> QuantumResult:
@@ -217,8 +236,10 @@ class SiteSearch:
             pass
         finally:
             self.seconds += time.perf_counter() - self._t0
-        return QuantumResult(self.site.id, self.step, self.step - start, self._trace, self.status(),
-                             self.best, self.candidate, seconds=self.seconds, log_space=self.spec.log_space)
+        status = self.status()
+        return QuantumResult(self.site.id, self.step, self.step - start, self._trace, status,
+                             self.best, self.candidate, seconds=self.seconds, log_space=self.spec.log_space,
+                             exit_reason=_EXIT_REASONS.get(status, ExitReason.NONE))
 
     def status(self) -> SiteStatus:
         if self.candidate is not None:

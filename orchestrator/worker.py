@@ -15,12 +15,13 @@ from typing import Any
 import numpy as np
 
 from fuzz_core.backends.base import RunnerOptions
-from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from
+from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from, fresh_runner
+from fuzz_core.errors import INTERNAL_HINT, classify
 from fuzz_core.loader import EntryError
 from fuzz_core.findings import Finding
 from fuzz_core.search import QuantumResult, SearchConfig, SiteSearch
 from fuzz_core.sites import OpSite
-from fuzz_core.status import SiteStatus
+from fuzz_core.status import ExitReason, SiteStatus
 from fuzz_core.target import TargetError
 
 log = logging.getLogger(__name__)
@@ -53,29 +54,45 @@ class TargetFailure(Exception):
     batch dimension): a configuration error (exit 2), not a bug of the program (exit 3).
     """
 
-    def __init__(self, message: str, tb: str, contract: bool = False) -> None:
+    def __init__(self, message: str, tb: str, contract: bool = False,
+                 reason: str = ExitReason.TARGET_ERROR.value) -> None:
         super().__init__(message)
         self.tb = tb
         self.contract = contract
+        self.reason = reason         # an ExitReason value: target_error, or internal_error (the tool's bug)
 
     def __reduce__(self):
         # Ray (and multiprocessing) rebuild an exception from ``type(exc)(*exc.args)`` unless told
         # otherwise: without this the driver gets a TypeError instead of the user's message.
-        return (type(self), (str(self), self.tb, self.contract))
+        return (type(self), (str(self), self.tb, self.contract, self.reason))
 
 
 def _failure(exc: Exception) -> TargetFailure:
     contract = isinstance(exc, (TargetError, EntryError))
     message = str(exc) if contract else f"{type(exc).__name__}: {exc}"
-    return TargetFailure(message, traceback.format_exc(), contract)
+    reason = ExitReason.TARGET_ERROR if contract else classify(exc)
+    if reason is ExitReason.INTERNAL_ERROR:
+        message = f"internal error: {message} ({INTERNAL_HINT})"
+    return TargetFailure(message, traceback.format_exc(), contract, reason.value)
+
+
+MAX_PRIVATE = 16    # builds kept for sites of targets that need one each (the oldest is dropped)
 
 
 @dataclass
 class Worker:
+    """Sites of a target share one build while the engine can undo everything the program writes
+    (the runner's state tracking and write watch prove it, step by step). The first write it
+    cannot undo (a cache the program keeps between calls, a tensor it cannot reach) moves the
+    target to a build of its own for each site: the site that made the write keeps the build
+    it wrote into, every other site starts from a new build (or its checkpoint)."""
+
     options: WorkerOptions = field(default_factory=WorkerOptions)
     runners: dict[str, Any] = field(default_factory=dict)
     searches: dict[str, SiteSearch] = field(default_factory=dict)
-    owner: dict[str, str] = field(default_factory=dict)   # target name -> site id whose state the runner holds
+    owner: dict[str, str] = field(default_factory=dict)   # target name -> site id whose state is live
+    private: dict[str, Any] = field(default_factory=dict)   # site id -> its own build
+    isolated: dict[str, list[str]] = field(default_factory=dict)   # target -> the writes that forced it
 
     def __post_init__(self) -> None:
         _set_threads(self.options.num_threads)
@@ -83,23 +100,65 @@ class Worker:
     def name(self) -> str:
         return f"pid{os.getpid()}"
 
+    def _options(self) -> RunnerOptions:
+        return RunnerOptions(device=self.options.device, search_weights=self.options.search_weights)
+
+    def _live(self, spec: TargetSpec) -> tuple:
+        """Every build of this target in this process (they share the factory's module state)."""
+        return tuple(r for r in [self.runners.get(spec.name)] + [s.runner for s in self.searches.values()
+                                                                 if s.site.target == spec.name] if r is not None)
+
     def runner(self, spec: TargetSpec):
         runner = self.runners.get(spec.name)
         if runner is None:
             try:
-                runner = build_runner(spec, RunnerOptions(device=self.options.device,
-                                                          search_weights=self.options.search_weights))
+                runner = build_runner(spec, self._options())
             except Exception as exc:  # noqa: BLE001 - reported per target, the campaign goes on
                 raise _failure(exc) from None
             self.runners[spec.name] = runner
         return runner
 
+    def _site_runner(self, spec: TargetSpec, site_id: str):
+        """The build a site's search runs on: the target's shared one, or a build of its own."""
+        if spec.name not in self.isolated:
+            return self.runner(spec)
+        runner = self.private.get(site_id)
+        if runner is None:
+            self.owner.pop(spec.name, None)          # the builds are reset: every site resumes
+            try:
+                runner = fresh_runner(spec, self._options(), live=self._live(spec))
+            except Exception as exc:  # noqa: BLE001
+                raise _failure(exc) from None
+            self.private[site_id] = runner
+            while len(self.private) > MAX_PRIVATE:   # the oldest build goes; its site resumes from its checkpoint
+                old = next(iter(self.private))
+                self.private.pop(old)
+                self.searches.pop(old, None)
+        return runner
+
+    def _check_isolation(self, spec: TargetSpec, runner, site_id: str | None) -> None:
+        """After a pass: did the program write what the engine cannot undo? Then every site of the
+        target gets a build of its own from now on."""
+        untracked = getattr(runner, "untracked", None)
+        if not untracked or spec.name in self.isolated:
+            return
+        self.isolated[spec.name] = list(untracked)
+        log.warning("target %s writes state the engine cannot restore (%s): each site gets its own build",
+                    spec.name, "; ".join(untracked[:3]))
+        self.runners.pop(spec.name, None)
+        for other in [k for k, s in self.searches.items() if s.site.target == spec.name and k != site_id]:
+            self.searches.pop(other)                 # they resume from their checkpoints on new builds
+        if site_id is not None:
+            self.private[site_id] = runner           # the site that wrote keeps what it wrote into
+
     def discover(self, spec: TargetSpec) -> list[OpSite]:
         runner = self.runner(spec)
         try:
-            return discover_sites(runner, spec.seed)
+            sites = discover_sites(runner, spec.seed)
         except Exception as exc:  # noqa: BLE001
             raise _failure(exc) from None
+        self._check_isolation(spec, runner, None)
+        return sites
 
     def try_discover(self, spec: TargetSpec) -> list[OpSite] | TargetFailure:
         """:meth:`discover`, with a target's failure returned, not raised: it is reported per target."""
@@ -110,8 +169,10 @@ class Worker:
 
     def run(self, spec: TargetSpec, site: OpSite, config: SearchConfig, steps: int, refresh: bool = False,
             checkpoint: tuple[dict[str, np.ndarray], dict] | None = None) -> QuantumOutcome:
-        runner = self.runner(spec)
+        runner = self._site_runner(spec, site.id)
         search = self.searches.get(site.id)
+        if search is not None and search.runner is not runner:
+            search = None                            # its build was replaced: resume from the checkpoint
         if search is None or checkpoint is not None and search.step < int(checkpoint[1]["step"]):
             search = SiteSearch(runner, site, config)
             if checkpoint is not None:
@@ -123,26 +184,32 @@ class Worker:
         try:
             result = search.run(steps, refresh=refresh)
         except Exception as exc:  # noqa: BLE001 - the program raised: this site is an error
-            self.searches.pop(site.id, None)
-            self.owner.pop(spec.name, None)
+            self._drop(spec, site.id)
+            reason = classify(exc)
+            hint = f"\n{INTERNAL_HINT}" if reason is ExitReason.INTERNAL_ERROR else ""
             result = QuantumResult(site.id, search.step, 0, [], SiteStatus.ERROR, search.best,
-                                   error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}",
-                                   seconds=search.seconds)
+                                   error=f"{type(exc).__name__}: {exc}{hint}\n{traceback.format_exc()}",
+                                   seconds=search.seconds, exit_reason=reason)
             return QuantumOutcome(site.id, result, None, worker=self.name())
+        self._check_isolation(spec, runner, site.id)
         finding = None
         if result.candidate is not None:
             finding = finding_from(runner, spec, site, config, result.candidate, result.seconds,
                                    device=str(getattr(runner, "device", "cpu")), minimise_batch=self.options.minimise)
-            if finding is None:     # did not replay: not a finding; the search goes on from here
-                search.candidate = None
-                result.candidate = None
-                result.status = search.status()
-            self.owner.pop(spec.name, None)
+            result.status = SiteStatus.FLAKY if finding.flaky else SiteStatus.FOUND
+            result.exit_reason = ExitReason.TRIGGERED_FLAKY if finding.flaky else ExitReason.TRIGGERED
+            self.owner.pop(spec.name, None)          # confirmation reset the builds of this target
         if result.status.final:
-            self.searches.pop(site.id, None)
+            self._drop(spec, site.id)
             return QuantumOutcome(site.id, result, None, finding, self.name())
         search.park()
         return QuantumOutcome(site.id, result, search.checkpoint(), finding, self.name())
+
+    def _drop(self, spec: TargetSpec, site_id: str) -> None:
+        self.searches.pop(site_id, None)
+        self.private.pop(site_id, None)
+        if self.owner.get(spec.name) == site_id:
+            self.owner.pop(spec.name, None)
 
 
 def _set_threads(n: int) -> None:

@@ -49,9 +49,9 @@ def test_train_step_optimizers_are_found_in_its_closure():
 
 def test_a_site_searches_the_same_alone_or_after_another_site_trained_the_program():
     runner = TorchRunner("gan", _gan_like())
-    sites = discover_sites(runner, 0)
+    sites = [s for s in discover_sites(runner, 0) if s.op in ("log", "sqrt")]   # their backward rows too
     assert len(sites) == 2
-    alone = _losses(TorchRunner("gan", _gan_like()), discover_sites(runner, 0)[1])
+    alone = _losses(TorchRunner("gan", _gan_like()), sites[1])
     _losses(runner, sites[0], steps=30)          # trains both nets and moves both Adams
     after = _losses(runner, sites[1])
     assert after == alone

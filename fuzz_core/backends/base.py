@@ -53,6 +53,8 @@ class Evaluation:
     trained: bool = False
     weights: dict[str, np.ndarray] | None = None  # searched weights after the program's training step
     passes: int = 1                     # forward passes this evaluation cost
+    phase: str | None = None            # where the step's first non-finite value arose (with ``event``)
+    state_before: dict[str, np.ndarray] | None = None  # a bad step's starting state, when not the factory's
 
 
 @dataclass
@@ -63,6 +65,7 @@ class CheckResult:
     first_op: OpRef | None
     triggered: dict[tuple[str, str, int], bool] = field(default_factory=dict)  # site key -> own hazard fired
     program_loss: float = float("nan")
+    phase: str | None = None            # forward | backward | update, with ``event``
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ from fuzz_core.backends.base import (
     LOG_TAU, WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches, batch_size, bisect_last,
     collect_grads,
 )
-from fuzz_core.backends.torch_recorder import LOCATOR, Recorder, RecordingMode, any_nonfinite
+from fuzz_core.backends.base import OpRef
+from fuzz_core.backends.torch_recorder import LOCATOR, Recorder, RecordingMode, WatchMode, any_nonfinite
+from fuzz_core.backends.torch_state import TorchState, WriteWatch
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue, log_floor
 from fuzz_core.sites import OpSite
 from fuzz_core.target import Target, TargetError
@@ -75,6 +77,13 @@ def dtype_limit(name: str, dtype: torch.dtype) -> float:
         return _last_finite(torch.exp, 0.0, 1000.0, dtype)
     if name == "expm1_max":
         return _last_finite(torch.expm1, 0.0, 1000.0, dtype)
+    if name == "log_grad_min":      # largest x > 0 whose log has an infinite gradient (1/x)
+        return _last_nonfinite(torch.reciprocal, _nextafter(0.0, 1.0, dtype), 1.0, dtype)
+    if name == "rsqrt_grad_min":    # largest x > 0 where rsqrt's gradient -x**-1.5 / 2 overflows
+        return _last_nonfinite(lambda t: 0.5 * torch.rsqrt(t) ** 3, _nextafter(0.0, 1.0, dtype), 1.0, dtype)
+    if name == "reciprocal_grad_max":   # largest x > 0 where reciprocal's gradient -(1/x)**2 overflows
+        return _last_nonfinite(lambda t: torch.reciprocal(t) * torch.reciprocal(t), _nextafter(0.0, 1.0, dtype),
+                               1.0, dtype)
     if name == "digamma_radius":   # largest x > 0 where digamma(x) = -inf (-1/x overflows)
         tiny = float(torch.finfo(dtype).tiny)
         lo = _nextafter(0.0, 1.0, dtype)
@@ -101,51 +110,10 @@ def tiny_of(dtype: torch.dtype) -> float:
     return _nextafter(0.0, 1.0, dtype)
 
 
-def _optim_prefix(i: int) -> str:
-    """State keys of the i-th optimizer: ``optim.`` for the first (the one-optimizer layout of
-    older checkpoints), ``optim1.``, ``optim2.``, ... for the others."""
-    return "optim." if i == 0 else f"optim{i}."
-
-
 def program_optimizers(target: Target) -> list[Any]:
-    """The optimizers whose state belongs to the program, so that it is saved, restored and reset
-    with the weights: ``Target.optimizer`` (one, or a list), and those a ``train_step`` holds in
-    its closure or, for a bound method, in its object's attributes (a GAN's two Adams). Without
-    them a site would start from moments another site's search left behind."""
-    found: list[Any] = []
-
-    def add(value: Any, duck: bool = False) -> None:
-        ok = isinstance(value, torch.optim.Optimizer) or duck and all(
-            hasattr(value, a) for a in ("zero_grad", "step", "state_dict", "load_state_dict"))
-        if ok and all(value is not o for o in found):
-            found.append(value)
-
-    def add_all(value: Any, duck: bool = False) -> None:
-        for v in (value.values() if isinstance(value, dict) else
-                  value if isinstance(value, (list, tuple)) else (value,)):
-            add(v, duck)
-
-    def walk(fn: Any, depth: int) -> None:
-        owner = getattr(fn, "__self__", None)
-        if owner is not None and hasattr(owner, "__dict__"):
-            for v in vars(owner).values():
-                add_all(v)
-        for cell in getattr(getattr(fn, "__func__", fn), "__closure__", None) or ():
-            try:
-                v = cell.cell_contents
-            except ValueError:         # a cell not filled yet
-                continue
-            add_all(v)
-            if depth < 3 and callable(v) and hasattr(v, "__closure__"):
-                walk(v, depth + 1)
-
-    add_all(target.optimizer, duck=True)   # named by the user: any optimizer-like object
-    if target.optimizer is not None and not found:
-        raise TargetError(f"Target.optimizer must be a torch optimizer (zero_grad, step, state_dict) "
-                          f"or a list of them, got {type(target.optimizer).__name__}")
-    if target.train_step is not None:
-        walk(target.train_step, 0)
-    return found
+    """The optimizers whose state belongs to the program (``Target.optimizer``, and those its
+    ``program`` or ``train_step`` reaches: a GAN's two Adams), saved, restored and reset with it."""
+    return TorchState(target).optimizers
 
 
 def program_loss(out: Any) -> torch.Tensor | None:
@@ -173,7 +141,13 @@ def resolve_device(device: str) -> torch.device:
 
 
 class TorchRunner(TargetBatches):
-    """One built PyTorch target, ready to run steps for any of its sites."""
+    """One built PyTorch target, ready to run steps for any of its sites.
+
+    A step is watched whole: the forward pass op by op (one device sync for every flag),
+    then, when the program trains, its gradients and the state its update wrote (one more
+    sync). Only a step known bad is re-run, from a device copy of the state it started
+    from, with every autograd node and update op checked, to name the first op at fault.
+    """
 
     framework = "torch"
 
@@ -185,9 +159,10 @@ class TorchRunner(TargetBatches):
         self.device = resolve_device(options.device)
         if target.model is not None:
             target.model.to(self.device)
+        self.state = TorchState(target)
         self._params = self._named_params()
-        self._optimizers = program_optimizers(target)
-        self._initial = self.get_state()
+        self.watch = WriteWatch()
+        self._grad_specs = catalogue.torch_backward_specs() if self.trains else {}
 
     # -- state ------------------------------------------------------------------------
     def _named_params(self) -> dict[str, torch.nn.Parameter]:
@@ -195,56 +170,33 @@ class TorchRunner(TargetBatches):
             return {}
         return {n: p for n, p in self.target.model.named_parameters() if p.requires_grad}
 
+    @property
+    def _optimizers(self) -> list[Any]:
+        return self.state.optimizers
+
     def weights(self) -> dict[str, np.ndarray]:
         return {WEIGHT_PREFIX + n: p.detach().cpu().numpy().copy() for n, p in self._params.items()}
 
     def get_state(self) -> dict[str, np.ndarray]:
-        """Weights, buffers and optimizer state as flat NumPy arrays (safetensors-ready)."""
-        state: dict[str, np.ndarray] = {}
-        if self.target.model is not None:
-            for k, v in self.target.model.state_dict().items():
-                state["model." + k] = v.detach().cpu().numpy().copy()
-        for i, opt in enumerate(self._optimizers):
-            prefix = _optim_prefix(i)
-            sd = opt.state_dict()
-            meta = {"param_groups": sd["param_groups"], "scalars": {}}
-            for pid, slots in sd["state"].items():
-                for slot, value in slots.items():
-                    if isinstance(value, torch.Tensor):
-                        state[f"{prefix}{pid}.{slot}"] = value.detach().cpu().numpy().copy()
-                    else:
-                        meta["scalars"][f"{pid}.{slot}"] = value
-            state[prefix + "__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8).copy()
-        return state
+        """Weights, buffers, every other tensor the program holds that changed, and optimizer
+        state, as flat NumPy arrays (safetensors-ready)."""
+        return self.state.get()
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
-        model = self.target.model
-        if model is not None:
-            sd = {k[6:]: torch.from_numpy(np.array(v)) for k, v in state.items() if k.startswith("model.")}
-            if sd:
-                model.load_state_dict(sd, strict=False)
-        for i, opt in enumerate(self._optimizers):
-            prefix = _optim_prefix(i)
-            if prefix + "__meta__" not in state:
-                continue
-            meta = json.loads(bytes(np.asarray(state[prefix + "__meta__"], dtype=np.uint8)).decode())
-            slots: dict[int, dict] = {}
-            for key, value in state.items():
-                if key.startswith(prefix) and key != prefix + "__meta__":
-                    pid, slot = key[len(prefix):].split(".", 1)
-                    slots.setdefault(int(pid), {})[slot] = torch.from_numpy(np.array(value)).to(self.device)
-            for key, value in meta["scalars"].items():
-                pid, slot = key.split(".", 1)
-                slots.setdefault(int(pid), {})[slot] = value
-            opt.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
+        self.state.set(state, self.device)
 
     def reset(self) -> None:
-        """Back to the factory's initial state (weights, buffers, every optimizer)."""
-        super().reset()
-        for i, opt in enumerate(self._optimizers):
-            prefix = _optim_prefix(i)
-            if not any(k.startswith(prefix) and k != prefix + "__meta__" for k in self._initial):
-                getattr(opt, "state", {}).clear()   # load_state_dict keeps slots it is not given
+        """Back to the factory's initial state (every tracked tensor, optimizer and scheduler)."""
+        self.state.reset(self.device)
+
+    def state_changed(self) -> bool:
+        return self.state.changed()
+
+    @property
+    def untracked(self) -> list[str]:
+        """Writes the engine cannot undo (it then builds the target afresh for each site)."""
+        return ([f"in-place {op} at {loc}" for op, loc in self.watch.untracked]
+                + [f"tensor {k} (too large to keep a copy of)" for k in self.state.unrestorable])
 
     def versions(self) -> dict[str, str]:
         return {"torch": torch.__version__}
@@ -272,7 +224,8 @@ class TorchRunner(TargetBatches):
     # -- running ----------------------------------------------------------------------
     def _forward(self, batch: dict, seed: int, locate_all: bool):
         seed_everything(seed)
-        recorder = Recorder(self.catalogue, locate_all=locate_all)
+        self.watch.start(self.state, list(batch.values()))
+        recorder = Recorder(self.catalogue, locate_all=locate_all, watch=self.watch, extra_specs=self._grad_specs)
         with RecordingMode(recorder):
             out = self.target.program(batch)
         return recorder, out
@@ -283,20 +236,33 @@ class TorchRunner(TargetBatches):
         return recorder.sites(self.name, lambda call: call.spec.margins(call.inputs, XP) is not None)
 
     def check(self, values: dict[str, np.ndarray], seed: int) -> CheckResult:
-        """The check-only detector: run the unmodified program once, name the first bad op."""
+        """The check-only detector: run the unmodified program's whole step once (its training
+        step too, when it trains) and name the first op that went non-finite."""
         batch, _ = self._tensors(values, grad=False)
-        with torch.no_grad():
+        pre = self.state.capture() if self.trains else None
+        with torch.set_grad_enabled(self.trains):
             recorder, out = self._forward(batch, seed, locate_all=True)
-            flags = recorder.resolve([any_nonfinite(out)])
+        flags = recorder.resolve([any_nonfinite(out)])
         loss = program_loss(out)
         first = recorder.first_event(flags, flags[-1], LOCATOR.locate(1))
-        return CheckResult(first is not None, first, recorder.triggered_sites(flags), _scalar(loss))
+        result = CheckResult(first is not None, first, recorder.triggered_sites(flags), _scalar(loss),
+                             "forward" if first is not None else None)
+        if first is None and self.trains and loss is not None:
+            phase = self._train(batch, loss, seed)[1]
+            if phase is not None:
+                result.first_op, grad_key = self._diagnose(pre, values, seed, phase)
+                result.event, result.phase = True, phase
+                if grad_key is not None:
+                    result.triggered[grad_key] = True
+        return result
 
     def evaluate(self, values: dict[str, np.ndarray], site: OpSite, *, grad: bool = True,
                  train: bool = False, seed: int = 0) -> Evaluation:
-        """One step: forward under the recorder; the site's margin, losses and gradients."""
+        """One step: forward under the recorder; the site's margin, losses and gradients; then the
+        program's own training step, watched. Any non-finite value sets ``event`` and ``phase``."""
         train = train and self.trains
         batch, leaves = self._tensors(values, grad=grad)
+        pre = self.state.capture() if (train or self.state.changed()) else None
         with torch.set_grad_enabled(grad or train):
             recorder, out = self._forward(batch, seed, locate_all=False)
         loss = program_loss(out)
@@ -306,12 +272,22 @@ class TorchRunner(TargetBatches):
         first = recorder.first_event(flags, flags[-1], site.location)
         ev = Evaluation(seen=margin is not None, hard=math.inf, log_loss=math.inf,
                         triggered=call is not None and recorder.triggered(flags, call),
-                        event=first is not None, first_op=first, program_loss=_scalar(loss))
+                        event=first is not None, first_op=first, program_loss=_scalar(loss),
+                        phase="forward" if first is not None else None)
         if margin is not None:
-            self._score(ev, margin, call.spec.log_space, grad and not ev.triggered, leaves,
+            self._score(ev, margin, call.spec.log_space, grad and not ev.event, leaves,
                         retain=train, batch_size=batch_size(values))
         if train and not ev.event and loss is not None:
-            self._train(batch, loss, ev, seed)
+            ev.trained, ev.phase = self._train(batch, loss, seed)
+            ev.passes += int(self.target.train_step is not None)
+            if ev.phase is not None:
+                ev.event = True
+                ev.first_op, grad_key = self._diagnose(pre, values, seed, ev.phase)
+                ev.triggered = grad_key == site.key
+            elif ev.trained and self.options.search_weights:
+                ev.weights = self.weights()
+        if ev.event and pre is not None:
+            ev.state_before = self.state.materialize(pre)
         return ev
 
     def _score(self, ev: Evaluation, margin: torch.Tensor, log_space: bool, grad: bool, leaves: dict,
@@ -340,13 +316,16 @@ class TorchRunner(TargetBatches):
         except RuntimeError:   # the program overwrote in place a tensor autograd saved
             ev.grads, ev.log_grads, ev.grad_norm, ev.connected = None, None, 0.0, False
 
-    def _train(self, batch: dict, loss: torch.Tensor, ev: Evaluation, seed: int) -> None:
-        """The program's own training step on the searched batch (GRIST keeps training)."""
+    def _train(self, batch: dict, loss: torch.Tensor, seed: int) -> tuple[bool, str | None]:
+        """The program's own training step on the searched batch (GRIST keeps training), then one
+        sync: (trained, None), or the phase whose values went non-finite (backward: a gradient;
+        update: the weights or optimizer state the update wrote)."""
         target = self.target
         if target.train_step is not None:
             seed_everything(seed ^ 0x5EED5EED)     # the step's own seed: the same in every process
-            target.train_step({k: v.detach() for k, v in batch.items()})
-            ev.passes += 1
+            self.watch.start(self.state, list(batch.values()))
+            with WatchMode(self.watch):
+                target.train_step({k: v.detach() for k, v in batch.items()})
         elif self._optimizers and loss.requires_grad:
             for opt in self._optimizers:
                 opt.zero_grad(set_to_none=True)
@@ -354,10 +333,55 @@ class TorchRunner(TargetBatches):
             for opt in self._optimizers:
                 opt.step()
         else:
-            return
-        ev.trained = True
-        if self.options.search_weights:
-            ev.weights = self.weights()
+            return False, None
+        grads = [t.grad for t in self.state.tensors.values() if t.grad is not None and t.grad.is_floating_point()]
+        bad_grads, bad_state = torch.stack([_nonfinite(grads), _nonfinite(self.state.mutable())]).cpu().tolist()
+        return True, "backward" if bad_grads else "update" if bad_state else None
+
+    def _diagnose(self, pre: dict | None, values: dict[str, np.ndarray], seed: int,
+                  phase: str) -> tuple[OpRef | None, tuple[str, str, int] | None]:
+        """Re-run a bad step from the state it started from, every autograd node and update op
+        checked: the first op at fault, and the key of the backward-hazard site it belongs to."""
+        if pre is not None:
+            self.state.restore(pre)
+        batch, _ = self._tensors(values, grad=False)
+        recorder = Recorder(self.catalogue, locate_all=True, diagnose=True, extra_specs=self._grad_specs)
+        seed_everything(seed)
+        with torch.enable_grad(), RecordingMode(recorder):
+            out = self.target.program(batch)
+            loss = program_loss(out)
+            recorder.attach_hooks()
+            if self.target.train_step is not None:
+                seed_everything(seed ^ 0x5EED5EED)
+                self.target.train_step({k: v.detach() for k, v in batch.items()})
+            elif loss is not None and loss.requires_grad:
+                for opt in self._optimizers:
+                    opt.zero_grad(set_to_none=True)
+                loss.mean().backward()
+                for opt in self._optimizers:
+                    opt.step()
+        node = recorder.first_backward() if phase == "backward" else None
+        if node is not None:
+            op, kind, location, occurrence, grad_name = node
+            key = (grad_name, location, occurrence) if grad_name else None
+            return OpRef(op, f"{kind} (backward)", location, occurrence), key
+        update = recorder.first_update()
+        if update is not None:
+            kind, location = update
+            opt = type(self._optimizers[0]).__name__ if self._optimizers else "train_step"
+            return OpRef("update", f"{opt}: {kind}", location, 0), None
+        return OpRef(phase, phase, "<not located: replay names it>", 0), None
+
+
+def _nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """A 0-dim bool on the device: some tensor holds inf or NaN (amax/amin propagate NaN; no
+    temporaries the size of the tensors)."""
+    if not tensors:
+        return torch.zeros((), dtype=torch.bool)
+    ends = [e.float().reshape(()) for t in tensors if t.numel() for e in (t.detach().amax(), t.detach().amin())]
+    if not ends:
+        return torch.zeros((), dtype=torch.bool)
+    return ~torch.isfinite(torch.stack([e.to(ends[0].device) for e in ends])).all()
 
 
 def _grads(loss: torch.Tensor, names: list[str], targets: list[torch.Tensor],

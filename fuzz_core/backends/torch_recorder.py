@@ -17,6 +17,14 @@ first. Writes it cannot see (those inside a Python ``torch.nn.functional``
 function, or inside C++ kernels) fall back to a plain snapshot at dispatch:
 right values, no gradient path. Ops of a backward pass run inside the program
 are not recorded.
+
+Two more duties, both off by default: a :class:`~fuzz_core.backends.torch_state.WriteWatch`
+(``watch``) sees every in-place write and every created tensor of the pass, and in a
+diagnosis (``diagnose``) every op's output node in the autograd graph gets a hook, so that
+the first backward node that turns finite incoming gradients into non-finite ones is named
+by the forward op and user ``file:line`` that created it (autograd's own graph, not a re-run
+under ``detect_anomaly``); ops of the program's own optimizer step, which run after its
+backward, are flagged for any non-finite output (an update that wrote inf or NaN).
 """
 from __future__ import annotations
 
@@ -96,6 +104,15 @@ class Recorder(FlagBook):
     # Memory of the tensors that searched calls hold as inputs -> (call index, input position),
     # so that a later write can save them first.
     _watch: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    watch: Any = None                  # a WriteWatch: in-place writes outside the tracked state
+    diagnose: bool = False             # hook every output's autograd node; flag the update's ops
+    extra_specs: dict[str, OpSpec] = field(default_factory=dict)   # packet -> a backward-hazard spec
+    backward_nodes: list[tuple] = field(default_factory=list)   # (op, kind, location, occ, backward-hazard name)
+    backward_flags: list[tuple[int, Any, Any]] = field(default_factory=list)    # (node, bad in, bad out)
+    update_ops: list[tuple[str, str, Any]] = field(default_factory=list)     # (kind, location, bad) after backward
+    _fresh: list[tuple[Any, int]] = field(default_factory=list)
+    _hooked: set = field(default_factory=set)
+    _backward_seen: bool = False
 
     def info(self, func) -> _OpInfo:
         hit = self._info.get(func)
@@ -112,16 +129,28 @@ class Recorder(FlagBook):
 
     def handle(self, func, args: tuple, kwargs: dict):
         if _in_backward():   # a backward run inside the program: its ops are not forward sites
+            self._backward_seen = True
             return func(*args, **kwargs)
         info = self.info(func)
         written = self._written(info, args, kwargs) if (info.writes or info.write_kwargs) else ()
-        if written and self._watch:
-            self._protect(written, differentiable=False)
+        if written:
+            if self._watch:
+                self._protect(written, differentiable=False)
+            if self.watch is not None:
+                self.watch.wrote(written, info.kind, lambda: LOCATOR.locate(4))
+        if self._backward_seen and self.diagnose:   # the program's own update, after its backward
+            out = func(*args, **kwargs)
+            self.update_ops.append((info.kind, LOCATOR.locate(2), any_nonfinite(out)))
+            return out
         if info.spec is None:
             out = func(*args, **kwargs)
+            if self.watch is not None:
+                self.watch.created(out)
             if info.check:
                 loc = LOCATOR.locate(2) if self.locate_all else ""
                 self._flag_nan(out, info.kind, loc, -1)
+                if self.diagnose:
+                    self._fresh.append((out, self._node_meta(info.packet, info.kind, loc, 0, None)))
             return out
         spec = info.spec
         location = LOCATOR.locate(2)
@@ -137,12 +166,23 @@ class Recorder(FlagBook):
             ok = _all_finite(inputs)
             in_ok = self.push(ok) if ok is not None else ALWAYS_OK
         out = func(*args, **kwargs)
+        if self.watch is not None:
+            self.watch.created(out)
+        grad_spec = self.extra_specs.get(info.packet)
+        if self.diagnose:
+            grad_name = grad_spec.name if grad_spec is not None else None
+            self._fresh.append((out, self._node_meta(spec.name, info.kind, location, occurrence, grad_name)))
         index = len(self.calls)
         if spec.searched:
             flag = self.push(any_nonfinite(out), (info.kind, location, index))
         else:
             flag = self._flag_nan(out, info.kind, location, index)
         self.calls.append(Call(spec, info.kind, location, occurrence, inputs, flag, in_ok))
+        if grad_spec is not None:   # a backward hazard of the same call: searched on the same inputs
+            gkey = (grad_spec.name, location)
+            gocc = self.counts.get(gkey, 0)
+            self.counts[gkey] = gocc + 1
+            self.calls.append(Call(grad_spec, info.kind, location, gocc, inputs, -1, in_ok))
         for pos in watch:
             ptr = _storage(inputs[pos])
             if ptr:
@@ -208,6 +248,51 @@ class Recorder(FlagBook):
             flag = flag | _has_nan(t)
         return self.push(flag, (kind, location, index))
 
+    # -- backward diagnosis --------------------------------------------------------------------
+    def _node_meta(self, op: str, kind: str, location: str, occurrence: int, grad_name: str | None) -> int:
+        self.backward_nodes.append((op, kind, location, occurrence, grad_name))
+        return len(self.backward_nodes) - 1
+
+    def attach_hooks(self) -> None:
+        """Hook the autograd nodes of the outputs recorded since the last call (their ``grad_fn``
+        is set once the op has returned through autograd: called after each torch function)."""
+        fresh, self._fresh = self._fresh, []
+        for out, meta in fresh:
+            for t in tree_leaves(out):
+                node = t.grad_fn if isinstance(t, torch.Tensor) else None
+                if node is None or node in self._hooked:
+                    continue
+                self._hooked.add(node)
+                node.register_hook(self._backward_hook(meta))
+
+    def _backward_hook(self, meta: int):
+        def hook(grad_inputs, grad_outputs):
+            self.backward_flags.append((meta, any_nonfinite(grad_inputs), any_nonfinite(grad_outputs)))
+        return hook
+
+    def first_backward(self) -> tuple | None:
+        """The first backward node (in execution order) that made non-finite gradients from finite
+        incoming ones, as (op, kind, location, occurrence, backward-hazard name or None) of the
+        forward op that created it."""
+        if not self.backward_flags:
+            return None
+        values = torch.stack([torch.stack([b.reshape(()), o.reshape(())]) for _, b, o in self.backward_flags])
+        values = values.cpu().tolist()
+        for (meta, _, _), (bad_in, bad_out) in zip(self.backward_flags, values):
+            if bad_in and not bad_out:
+                return self.backward_nodes[meta]
+        return None
+
+    def first_update(self) -> tuple[str, str] | None:
+        """(kind, location) of the first op of the program's update that wrote a non-finite value."""
+        if not self.update_ops:
+            return None
+        values = torch.stack([f.reshape(()) for _, _, f in self.update_ops]).cpu().tolist()
+        for (kind, location, _), bad in zip(self.update_ops, values):
+            if bad:
+                return kind, location
+        return None
+
     def resolve(self, extra: list[torch.Tensor] = ()) -> list[bool]:
         """One device sync for every flag of the pass (plus ``extra`` flags at the end)."""
         flags = list(self.flags) + list(extra)
@@ -239,13 +324,43 @@ class InplaceFunctionMode(TorchFunctionMode):
                 return func(*args, **kwargs)
             finally:
                 rec._pending.clear()
+                if rec.diagnose:
+                    rec.attach_hooks()
         if rec._watch and not _in_backward():
             if args and (name == "__setitem__" or (name.endswith("_") and not name.endswith("__"))):
                 rec._protect(args[:1], differentiable=True)
             out = kwargs.get("out")
             if out is not None:
                 rec._protect([t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], differentiable=True)
-        return func(*args, **kwargs)
+        if not rec.diagnose:
+            return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            rec.attach_hooks()
+
+
+class WatchMode(TorchDispatchMode):
+    """Only the write watch, for code that runs outside the recorded forward pass (a
+    ``train_step``): in-place writes are checked, created tensors allowed."""
+
+    def __init__(self, watch) -> None:
+        super().__init__()
+        self.watch = watch
+        self._writes: dict[Any, tuple] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        writes = self._writes.get(func)
+        if writes is None:
+            writes = self._writes[func] = _schema_writes(func)
+        if (writes[0] or writes[1]) and not _in_backward():
+            written = [args[i] for i in writes[0] if i < len(args)] + [kwargs[k] for k in writes[1] if k in kwargs]
+            self.watch.wrote([t for t in tree_leaves(written) if isinstance(t, torch.Tensor)],
+                             func.overloadpacket.__name__, lambda: LOCATOR.locate(4))
+        out = func(*args, **kwargs)
+        self.watch.created(out)
+        return out
 
 
 class RecordingMode(TorchDispatchMode):

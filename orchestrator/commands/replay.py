@@ -1,4 +1,9 @@
-"""``cdeepfuzz replay``: rebuild a finding's target and replay it under the check-only detector."""
+"""``cdeepfuzz replay``: rebuild a finding's target and replay it under the check-only detector.
+
+Exit codes: 0 reproduced, 1 not reproduced, 2 usage (not a finding folder, an untrusted factory),
+3 the target could not be built or its program raised (the same line ``cdeepfuzz run`` prints),
+5 an internal error of CDeepFuzz.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,6 +16,24 @@ from fuzz_core.loader import EntryError, entry_file
 
 class ReplayError(ValueError):
     """A finding that cannot be replayed as asked (exit 2)."""
+
+
+class TargetBroken(Exception):
+    """The finding's target could not be built, or its program raised (exit 3; 5 when it is CDeepFuzz's)."""
+
+    def __init__(self, failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+def build_target(spec: TargetSpec, options: RunnerOptions):
+    """The target's runner; its failure classified as :mod:`orchestrator.run.failures` does for ``run``."""
+    from orchestrator.run.failures import from_exception
+
+    try:
+        return build_runner(spec, options)
+    except Exception as exc:  # noqa: BLE001 - the user's factory, or CDeepFuzz: classified
+        raise TargetBroken(from_exception(exc)) from None
 
 
 def check_trusted(entry: str, trust: bool) -> None:
@@ -27,6 +50,17 @@ def check_trusted(entry: str, trust: bool) -> None:
                           f"({cwd}); run from the project that owns it, or pass --trust")
 
 
+def check_entry_exists(entry: str, folder: Path) -> None:
+    """A finding's factory file is found from here (entries are relative to where the campaign ran)."""
+    try:
+        path = entry_file(entry)
+    except EntryError as exc:
+        raise ReplayError(f"{folder}/finding.json: target.entry: {exc}") from None
+    if path is not None and not path.is_file():
+        raise ReplayError(f"{folder}/finding.json: target.entry: no such file {path} (replay from the folder the "
+                          f"campaign ran in: the entry is relative to it)")
+
+
 def replay_folder(folder: Path, trust: bool = False, device: str = "cpu") -> tuple[bool, str]:
     try:
         loaded = load_finding(folder)
@@ -37,16 +71,21 @@ def replay_folder(folder: Path, trust: bool = False, device: str = "cpu") -> tup
     if not isinstance(entry, str):
         raise ReplayError(f"{folder}/finding.json: target.entry is missing")
     check_trusted(entry, trust)
+    check_entry_exists(entry, folder)
     spec = TargetSpec.from_dict(t)
-    try:
-        runner = build_runner(spec, RunnerOptions(device=device))
-    except (EntryError, ImportError, OSError) as exc:
-        raise ReplayError(f"cannot build target {spec.name!r}: {exc} (replay from the folder the campaign ran "
-                          f"in: the entry is relative to it)") from None
+    runner = build_target(spec, RunnerOptions(device=device))
     site = loaded.site
-    result = replay(runner, loaded)
+    try:
+        result = replay(runner, loaded)
+    except Exception as exc:  # noqa: BLE001 - the program raised (or CDeepFuzz did): classified
+        from orchestrator.run.failures import from_exception
+
+        raise TargetBroken(from_exception(exc)) from None
     first = result.first_op
     where = f"{first.kind} at {first.location}" if first else "none"
-    if confirmed(result, site):
-        return True, f"reproduced: {site.label} ({site.hazard}); first non-finite op: {where}"
-    return False, f"NOT reproduced: {site.label} stayed finite; first non-finite op: {where}"
+    phase = f" ({result.phase})" if result.phase and result.phase != "forward" else ""
+    if confirmed(result, site, loaded.report):
+        if loaded.report.get("site_triggered", True):
+            return True, f"reproduced: {site.label} ({site.hazard}); first non-finite op: {where}{phase}"
+        return True, f"reproduced: first non-finite op: {where}{phase} (found while searching {site.label})"
+    return False, f"NOT reproduced: {site.label}; first non-finite op: {where}{phase}"
