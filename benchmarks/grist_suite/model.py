@@ -33,6 +33,7 @@ class Bug:
     args: dict = field(default_factory=dict)
     grist: Published = Published()
     note: str = ""
+    search_weights: bool = False       # GRIST searched a variable, not an input: run with search.search_weights
 
 
 @dataclass(frozen=True)

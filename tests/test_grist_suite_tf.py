@@ -1,0 +1,118 @@
+"""The TensorFlow half of the GRIST suite: every registered factory builds, runs and marks GRIST's ops.
+
+For each distinct (factory, args) of ``benchmarks.grist_suite.subjects_tf`` the graph is built once:
+its sampled batch matches its feeds, stays inside its bounds and is reproducible from the
+generator's seed; the program's loss is finite on it and its train op runs; and the engine's own
+site discovery finds, for every bug of that target, a site of the bug's op on a line the module
+marks ``# GRIST bug <id>`` (what the suite runner relies on to say "found at GRIST's op").
+The U-Net (ID_17) is built on 188 x 188 images instead of its 572 x 572 (same graph, a 30 s pass
+less); every other factory runs with its registered arguments.
+"""
+from __future__ import annotations
+
+import inspect
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from benchmarks.grist_suite.model import MARK, ROOT, marked_lines  # noqa: E402
+from benchmarks.grist_suite.subjects_tf import BUGS, SUBJECTS  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+PROGRAMS = ROOT / "benchmarks" / "grist_suite" / "tf_programs"
+BY_TARGET: dict[tuple[str, tuple], list] = defaultdict(list)
+for _bug in BUGS:
+    BY_TARGET[(_bug.entry, tuple(sorted(_bug.args.items())))].append(_bug)
+TARGETS = sorted(BY_TARGET)
+SMALLER = {"id17_tf_unet": {"nx": 188}}     # the U-Net's smallest-but-one valid size: same ops, 9x fewer pixels
+
+
+def _target_id(key) -> str:
+    entry, args = key
+    return Path(entry.split(":")[0]).stem + "".join(f"-{v}" for _, v in args)
+
+
+def test_registry_lists_every_tensorflow_subject_once_with_papers_bug_ids():
+    ids = [s.id for s in SUBJECTS]
+    assert len(ids) == len(set(ids)) == 41
+    assert all(1 <= i <= 63 and s.framework == "tensorflow" for i, s in zip(ids, SUBJECTS))
+    assert sum(len(s.bugs) for s in SUBJECTS) == 57
+    for subject in SUBJECTS:
+        assert subject.runnable or subject.reason, subject.id
+        bug_ids = [b.id for b in subject.bugs]
+        if len(bug_ids) == 1:
+            assert bug_ids == [f"ID_{subject.id}"]
+        else:
+            assert bug_ids == [f"ID_{subject.id}{chr(ord('a') + k)}" for k in range(len(bug_ids))]
+
+
+def test_every_bug_has_a_marked_line_on_its_op_and_no_mark_is_stray():
+    ops = {"log": "tf.math.log(", "exp": "tf.exp(", "sqrt": "tf.sqrt(", "div": ("/", "divide(")}
+    for bug in BUGS:
+        path = ROOT / bug.entry.split(":")[0]
+        assert path.is_file(), bug.entry
+        lines = marked_lines(bug.entry).get(bug.id)
+        assert lines, f"{bug.id}: no '# GRIST bug {bug.id}' in {bug.entry}"
+        text = path.read_text().splitlines()
+        for n in lines:
+            code = text[n - 1].split("#")[0]
+            assert any(tok in code for tok in np.atleast_1d(ops[bug.op])), f"{bug.id}: line {n} has no {bug.op}"
+    registered = {b.id for b in BUGS}
+    for path in PROGRAMS.glob("id*.py"):
+        for line in path.read_text().splitlines():
+            m = MARK.search(line)
+            if m:
+                stray = set(re.split(r"[,\s]+", m.group(1).strip())) - registered
+                assert not stray, f"{path.name} marks unregistered bugs {stray}"
+
+
+def test_factories_name_their_arguments():
+    from fuzz_core.loader import load_factory
+
+    for entry, _ in TARGETS:
+        params = inspect.signature(load_factory(entry, ROOT)).parameters
+        assert "seed" in params and params["seed"].default == 0, entry
+        assert not any(p.kind is p.VAR_KEYWORD for p in params.values()), f"{entry} takes **kwargs"
+
+
+@pytest.mark.parametrize("key", [pytest.param(k, marks=pytest.mark.slow) if _target_id(k) in SMALLER else k
+                                 for k in TARGETS], ids=[_target_id(k) for k in TARGETS])
+def test_factory_builds_runs_and_its_sites_sit_on_the_marked_lines(key):
+    from fuzz_core import GraphTarget
+    from fuzz_core.backends import load_backend
+    from fuzz_core.backends.base import RunnerOptions
+    from fuzz_core.engine import discover_sites
+    from fuzz_core.loader import call_factory, load_factory
+
+    entry, args = key
+    target = call_factory(load_factory(entry, ROOT), 0, {**dict(args), **SMALLER.get(_target_id(key), {})})
+    assert isinstance(target, GraphTarget)
+    batch = target.sample(np.random.default_rng(7))
+    again = target.sample(np.random.default_rng(7))
+    assert set(batch) == set(target.feeds), "sample() must return exactly the feeds"
+    assert len({v.shape[0] for v in batch.values()}) == 1
+    for name in batch:
+        np.testing.assert_array_equal(batch[name], again[name])
+    assert target.search and set(target.search) <= set(target.bounds)
+    for name in target.search:
+        lo, hi = target.bounds[name]
+        assert np.issubdtype(batch[name].dtype, np.floating)
+        assert lo <= batch[name].min() and batch[name].max() <= hi, name
+    feed = {target.feeds[k]: v for k, v in batch.items()}
+    assert np.isfinite(target.session.run(target.loss, feed))
+    target.session.run(target.train_op, feed)
+    assert np.isfinite(target.session.run(target.loss, feed))
+
+    runner = load_backend("tensorflow").make_runner(_target_id(key), target, RunnerOptions())
+    sites = discover_sites(runner, 0)
+    where = {(s.op, s.location) for s in sites if s.searched}
+    path = entry.split(":")[0]
+    for bug in BY_TARGET[key]:
+        marked = {f"{path}:{n}" for n in marked_lines(entry)[bug.id]}
+        assert any((bug.op, loc) in where for loc in marked), f"{bug.id}: no {bug.op} site on {sorted(marked)}"
