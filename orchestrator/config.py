@@ -75,6 +75,9 @@ class Resources(_Model):
 class Tracking(_Model):
     uri: str | None = None
     enabled: bool = True
+    max_site_runs: int = Field(100, ge=0, description=(
+        "one MLflow child run per site while the campaign has at most this many sites (one page of the "
+        "MLflow UI); above, one child run per target (each site's best loss as a metric) and one per finding"))
 
 
 class Campaign(_Model):
@@ -143,11 +146,11 @@ def load_campaign(path: str | Path, check_entries: bool = True) -> Campaign:
     campaign = parse_campaign(data, path)
     if check_entries:
         for i, target in enumerate(campaign.targets):
-            check_entry(path, i, target.entry)
+            check_entry(path, i, target.entry, target.args)
     return campaign
 
 
-def check_entry(path: Path, index: int, entry: str) -> None:
+def check_entry(path: Path, index: int, entry: str, args: dict[str, Any] | None = None) -> None:
     """The file exists and defines the factory (read with ast: nothing is imported or run)."""
     field = f"targets[{index}].entry"
     module, attr = split_entry(entry)
@@ -165,11 +168,30 @@ def check_entry(path: Path, index: int, entry: str) -> None:
         tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
     except SyntaxError as exc:
         raise ConfigError(f"{path}: {field}: {module} has a syntax error at line {exc.lineno}: {exc.msg}") from None
-    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    names = set(defs)
     names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
     names |= {a.asname or a.name for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
     if attr not in names:
         raise ConfigError(f"{path}: {field}: {module} defines no {attr!r} (got {entry!r})")
+    factory = defs.get(attr)
+    if isinstance(factory, (ast.FunctionDef, ast.AsyncFunctionDef)) and args is not None:
+        check_args(path, index, attr, factory, args)
+
+
+def check_args(path: Path, index: int, attr: str, factory: ast.FunctionDef | ast.AsyncFunctionDef,
+               args: dict[str, Any]) -> None:
+    """The factory's own signature takes ``seed`` and every name of ``args`` (unless it takes ``**kwargs``)."""
+    a = factory.args
+    if a.kwarg is not None:
+        return
+    takes = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+    for name in ["seed", *args]:
+        if name not in takes:
+            field = f"targets[{index}].args.{name}" if name != "seed" else f"targets[{index}].entry"
+            problem = (f"{attr}() takes no argument {name!r}" if name != "seed"
+                       else f"{attr}() must take a seed= argument (the campaign seed)")
+            raise ConfigError(f"{path}: {field}: {problem} (it takes {', '.join(takes) or 'none'})")
 
 
 def params(config: Campaign) -> dict[str, Any]:
@@ -188,3 +210,76 @@ def params(config: Campaign) -> dict[str, Any]:
 
 def cluster_mode() -> bool:
     return bool(os.environ.get("RAY_ADDRESS"))
+
+
+def check_cluster_settings(campaign: Campaign, output: str, uri: str | None, path: Path) -> None:
+    """On a cluster (RAY_ADDRESS set) the output is absolute (or a URI) and tracking goes to an MLflow server."""
+    if not cluster_mode():
+        return
+    if not (Path(output).is_absolute() or "://" in output):
+        raise ConfigError(f"{path}: output: on a cluster (RAY_ADDRESS is set) the output must be an absolute "
+                          f"path or a URI, shared by every node (got {output!r})")
+    if campaign.tracking.enabled and not (uri or "").startswith(("http://", "https://", "databricks")):
+        raise ConfigError(f"{path}: tracking.uri: on a cluster (RAY_ADDRESS is set) the tracking URI must be an "
+                          f"MLflow server (http://...), given with --tracking-uri, tracking.uri or "
+                          f"MLFLOW_TRACKING_URI (got {uri!r}; deploy/cluster.yaml starts one on the head), "
+                          f"or set tracking.enabled: false")
+
+
+def resolve_tracking_uri(cli_uri: str | None = None, *, campaign: Campaign | None = None,
+                         run_dir: Path | str | None = None, output: Path | str | None = None,
+                         search: Path | str | None = None) -> str | None:
+    """The MLflow tracking URI, in one order for every command:
+
+    1. ``--tracking-uri``;
+    2. the campaign's ``tracking.uri``;
+    3. the run's own (a run folder's ``summary.json``: resume, triage, sync, report);
+    4. ``MLFLOW_TRACKING_URI``;
+    5. ``sqlite:///<absolute output>/mlflow.db`` for a run writing to ``output``;
+    6. the store of the newest run folder under ``search`` (``bugs`` and ``triage`` from a project folder).
+
+    None when none applies.
+    """
+    if cli_uri:
+        return cli_uri
+    if campaign is not None and campaign.tracking.uri:
+        return campaign.tracking.uri
+    if run_dir is not None:
+        own = run_tracking_uri(Path(run_dir))
+        if own:
+            return own
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    if output is not None:
+        return "sqlite:///" + (Path(output).resolve() / "mlflow.db").as_posix()
+    if search is not None:
+        return newest_run_tracking_uri(Path(search))
+    return None
+
+
+def run_tracking_uri(run_dir: Path) -> str | None:
+    """The tracking URI a run folder's summary.json names (None if none, or unreadable)."""
+    from fuzz_core.io import read_json
+
+    try:
+        summary = read_json(run_dir / "summary.json")
+    except (OSError, ValueError):
+        return None
+    run = summary.get("run") if isinstance(summary, dict) else None
+    uri = run.get("tracking_uri") if isinstance(run, dict) else None
+    return uri or None
+
+
+def newest_run_tracking_uri(folder: Path) -> str | None:
+    """The tracking URI of the newest run (by summary.json's time) under ``folder`` that names one."""
+    newest, uri = -1.0, None
+    for summary in folder.glob("**/summary.json"):
+        try:
+            mtime = summary.stat().st_mtime
+        except OSError:
+            continue
+        if mtime > newest:
+            run_uri = run_tracking_uri(summary.parent)
+            if run_uri:
+                newest, uri = mtime, run_uri
+    return uri

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from orchestrator.run.campaign import RunOptions, run_campaign
 from orchestrator.cli import app
 from orchestrator.config import load_campaign
+from records import Recorder, check_run
 
 # Buggy subjects with their planted bug (op at the site that must be found).
 PLANTED = {
@@ -51,11 +52,16 @@ def check_planted_found(summary: dict, targets: dict) -> None:
 def test_local_campaign_writes_summary_findings_and_replays(tmp_path: Path):
     targets = dict(list(PLANTED.items())[:2])
     path = write_campaign(tmp_path, "local", targets, actors=0, extra="tracking: {enabled: false}\n")
-    outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False))
+    recorder = Recorder()
+    outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False, observers=[recorder]))
     assert outcome.exit_code == 1
-    summary = summary_of(outcome)
-    assert summary["schema_version"] == 1
+    summary = check_run(outcome.run_dir)
+    recorder.check_once()
+    assert summary["schema_version"] == 2
     assert summary["run"]["state"] == "completed" and summary["run"]["exit_code"] == 1
+    assert summary["run"]["exit_reason"] == "completed"
+    assert {s["exit_reason"] for s in summary["sites"] if s["status"] == "exhausted"} <= {"budget_spent"}
+    assert all(t["status"] == "found" and t["exit_reason"] == "triggered" for t in summary["targets"])
     check_planted_found(summary, targets)
     for site in summary["sites"]:
         assert set(site) >= {"id", "label", "target", "op", "hazard", "location", "status", "steps",
@@ -65,7 +71,7 @@ def test_local_campaign_writes_summary_findings_and_replays(tmp_path: Path):
             folder = outcome.run_dir / site["finding"]
             assert (folder / "finding.json").is_file() and (folder / "values.safetensors").is_file()
             report = json.loads((folder / "finding.json").read_text())
-            assert report["first_op"]["op"] == site["op"]
+            assert report["site"]["id"] == site["id"] and report["first_op"]["kind"] == site["kind"]
             assert report["minimised"]["batch_size"] == 1
             result = CliRunner().invoke(app, ["replay", str(folder)])
             assert result.exit_code == 0, result.output
@@ -84,8 +90,10 @@ def test_ray_campaign_with_mlflow_and_parquet(tmp_path: Path, ray_session, monke
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     path = write_campaign(tmp_path, "ray-e2e", PLANTED, actors=2)
-    outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False))
-    summary = summary_of(outcome)
+    recorder = Recorder()
+    outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False, observers=[recorder]))
+    summary = check_run(outcome.run_dir)
+    recorder.check_once()
     assert outcome.exit_code == 1
     assert len(summary["targets"]) >= 3 and len(summary["sites"]) >= 8
     check_planted_found(summary, PLANTED)
@@ -97,14 +105,22 @@ def test_ray_campaign_with_mlflow_and_parquet(tmp_path: Path, ray_session, monke
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(parents) == 1 and parents[0].data.params["search.strategy"] == "adaptive"
+    assert parents[0].info.run_id == summary["run"]["mlflow_run_id"]
+    assert {k: parents[0].data.tags[k] for k in ("state", "exit_reason", "exit_code")} == {
+        "state": "completed", "exit_reason": "completed", "exit_code": "1"}
     assert len(children) == len(summary["sites"])
     assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in children)
     assert all(r.info.status == "FINISHED" for r in runs)
+    by_id = {r.info.run_id: r for r in children}
+    for site in summary["sites"]:        # every record says the same thing
+        tags = by_id[site["mlflow_run_id"]].data.tags
+        assert (tags["site.id"], tags["status"], tags["exit_reason"]) == (site["id"], site["status"],
+                                                                          site["exit_reason"])
     found = [r for r in children if r.data.tags.get("status") == "found"]
     assert len(found) == sum(1 for s in summary["sites"] if s["status"] == "found")
     for run in found:
         tags = run.data.tags
-        assert {"site.op", "site.location", "site.target", "hazard", "trigger", "signature"} <= set(tags)
+        assert {"site.op", "site.location", "site.target", "hazard", "trigger", "signature", "bug.run_id"} <= set(tags)
         assert tags["triage"] == "new"
         history = client.get_metric_history(run.info.run_id, "suspect_loss")
         assert history and [m.step for m in history] == sorted(m.step for m in history)
@@ -123,8 +139,11 @@ def test_ray_campaign_with_mlflow_and_parquet(tmp_path: Path, ray_session, monke
     result = CliRunner().invoke(app, ["bugs", "--tracking-uri", outcome.tracking_uri, "--json",
                                       "--campaign", "ray-e2e"])
     assert result.exit_code == 0, result.output
-    listed = json.loads(result.output)
-    assert {b["site_id"] for b in listed} == {r.data.tags["site.id"] for r in found}
+    listed = json.loads(result.output)       # bugs, not runs: one row per signature
+    assert {b["signature"] for b in listed} == {r.data.tags["signature"] for r in found}
+    assert {s for b in listed for s in b["site_ids"]} == {r.data.tags["site.id"] for r in found}
+    assert all(b["triage"] == "new" and b["campaigns"] == ["ray-e2e"] and b["occurrences"] >= 1
+               and (Path(b["reproducer"]) / "finding.json").is_file() for b in listed)
 
 
 @pytest.mark.ray

@@ -99,7 +99,7 @@ def test_sync_with_an_unreadable_summary_is_a_one_line_error(tmp_path: Path, con
 def test_the_newest_run_lookup_skips_summaries_that_name_no_tracking_uri(tmp_path: Path, monkeypatch):
     import os
 
-    from orchestrator.commands.bugs import find_tracking_uri
+    from orchestrator.config import resolve_tracking_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     good = tmp_path / "runs" / "a-1" / "summary.json"
@@ -110,15 +110,56 @@ def test_the_newest_run_lookup_skips_summaries_that_name_no_tracking_uri(tmp_pat
         bad.parent.mkdir(parents=True)
         bad.write_text(content)
         os.utime(bad, (good.stat().st_mtime + 10 + i,) * 2)   # newer than the good one
-    assert find_tracking_uri(None, tmp_path) == "sqlite:////tmp/a.db"
+    assert resolve_tracking_uri(None, search=tmp_path) == "sqlite:////tmp/a.db"
+
+
+def test_one_tracking_uri_order_for_every_command(tmp_path: Path, monkeypatch):
+    """--tracking-uri, tracking.uri, the run's own, MLFLOW_TRACKING_URI, the output's SQLite, the newest run."""
+    from orchestrator.config import resolve_tracking_uri
+
+    run = tmp_path / "out" / "c-1"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text('{"run": {"tracking_uri": "http://own:5000"}}')
+    path = tmp_path / "c.yaml"
+    path.write_text(f"name: x\ntargets: [{GOOD_TARGET}]\ntracking: {{uri: http://campaign:5000}}\n")
+    campaign = load_campaign(path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://env:5000")
+    assert resolve_tracking_uri("http://cli:5000", campaign=campaign, run_dir=run) == "http://cli:5000"
+    assert resolve_tracking_uri(None, campaign=campaign, run_dir=run) == "http://campaign:5000"
+    assert resolve_tracking_uri(None, run_dir=run, output=tmp_path) == "http://own:5000"
+    assert resolve_tracking_uri(None, output=tmp_path, search=tmp_path) == "http://env:5000"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert resolve_tracking_uri(None, output=tmp_path / "o") == "sqlite:///" + (tmp_path / "o").resolve().as_posix() + "/mlflow.db"
+    assert resolve_tracking_uri(None, search=tmp_path) == "http://own:5000"
+    assert resolve_tracking_uri(None) is None
+
+
+@pytest.mark.parametrize("factory, args, field", [
+    ("def make_target(seed=0, hidden=32):\n    pass\n", "{hiden: 3}", "targets[0].args.hiden"),
+    ("def make_target(hidden=32):\n    pass\n", "{}", "targets[0].entry"),
+])
+def test_an_argument_the_factory_does_not_take_is_a_configuration_error(tmp_path: Path, factory, args, field):
+    (tmp_path / "f.py").write_text(factory)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"name: x\ntargets: [{{name: t, entry: '{tmp_path / 'f.py'}:make_target', args: {args}}}]\n")
+    with pytest.raises(ConfigError) as err:
+        load_campaign(path)
+    assert str(err.value).startswith(f"{path}: {field}: make_target() ")
+    (tmp_path / "g.py").write_text("def make_target(**kwargs):\n    pass\n")      # **kwargs takes anything
+    path.write_text(f"name: x\ntargets: [{{name: t, entry: '{tmp_path / 'g.py'}:make_target', args: {args}}}]\n")
+    load_campaign(path)
 
 
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]"])
-def test_resume_of_an_unreadable_summary_is_a_one_line_error(tmp_path: Path, content: str):
+def test_resume_of_a_folder_without_a_readable_state_is_a_one_line_error(tmp_path: Path, content: str):
     (tmp_path / "summary.json").write_text(content)
     result = CliRunner().invoke(app, ["run", "--resume", str(tmp_path)])
     assert result.exit_code == 2, result.output
-    assert "summary.json" in result.output and "Traceback" not in result.output
+    assert "state.db" in result.output and "Traceback" not in result.output
+    (tmp_path / "state.db").write_text(content)            # not a database
+    result = CliRunner().invoke(app, ["run", "--resume", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "state.db" in result.output and "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("scheduler, strategy, options", [

@@ -14,7 +14,6 @@ import pytest
 
 from orchestrator.observers import tracking, tracking_sender
 from orchestrator.observers.tracking import Tracker, flatten_params
-from orchestrator.observers.tracking_queries import query_findings, set_triage
 from orchestrator.observers.tracking_sender import SpoolReplay, default_sqlite_uri, replay_spool
 
 pytestmark = pytest.mark.mlflow
@@ -158,31 +157,6 @@ def test_resume_reuses_the_parent_run(store_uri: str, tmp_path: Path) -> None:
     again.end("campaign", "FINISHED")
     assert again.close(timeout=60)
     assert MlflowClient(tracking_uri=store_uri).get_run(parent_id).info.status == "FINISHED"
-
-
-def test_query_findings_and_triage(store_uri: str, tmp_path: Path) -> None:
-    for campaign, site in (("camp-q1", "q1site"), ("camp-q2", "q2site")):
-        tracker = Tracker(store_uri, campaign, tmp_path / campaign)
-        tracker.start_campaign("campaign", f"{campaign}-run", {}, {})
-        tracker.start_site(site, f"log@{site}", _site_tags(site, status="found"))
-        tracker.start_site("other", "div@x", _site_tags("other", status="exhausted"))
-        tracker.set_tags(site, {"steps": 7})
-        assert tracker.close(timeout=60, status="FINISHED")
-    rows = query_findings(store_uri, campaign="camp-q1")
-    assert [(r["site_id"], r["campaign"], r["steps"], r["triage"]) for r in rows] == [
-        ("q1site", "camp-q1", 7, "new")
-    ]
-    assert rows[0]["label"] == "log@q1site" and rows[0]["op"] == "log"
-    assert rows[0]["hazard"] == "log of x <= 0" and rows[0]["status"] == "found"
-    q2 = query_findings(store_uri, campaign="camp-q2")[0]
-    set_triage(store_uri, q2["run_id"], "confirmed", note="real bug")
-    tags = MlflowClient(tracking_uri=store_uri).get_run(q2["run_id"]).data.tags
-    assert tags["triage"] == "confirmed" and tags["triage.note"] == "real bug"
-    confirmed = query_findings(store_uri, state="confirmed")
-    assert [(r["site_id"], r["campaign"]) for r in confirmed] == [("q2site", "camp-q2")]
-    assert {r["site_id"] for r in query_findings(store_uri)} >= {"q1site", "q2site"}
-    assert query_findings(store_uri, campaign="no-such-campaign") == []
-    assert query_findings(store_uri, campaign="camp-q1", state="confirmed") == []
 
 
 def _free_port() -> int:

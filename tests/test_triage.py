@@ -145,50 +145,85 @@ def test_rebuild_index_and_recovery_after_a_crash_mid_swap(tmp_path: Path):
     assert db.delete(sig) and db.fetch(sig) is None
 
 
-# -- triage in MLflow ---------------------------------------------------------------------------------
+# -- triage in MLflow: per bug, not per run ------------------------------------------------------------
+SIG_A, SIG_B = "a" * 16, "b" * 16
+
+
+def _occurrence(tracker, key: str, signature: str) -> None:
+    tracker.start_site(key, f"t:log@{key}", {"site.id": key, "status": "found", "site.op": "log",
+                                            "site.target": "t", "site.location": "t.py:1", "hazard": "log"})
+    tracker.set_tags(key, {"signature": signature})
+    tracker.note_bug(signature, f"t log t.py:{key}", {"site.target": "t", "site.op": "log",
+                                                      "site.location": "t.py:1", "hazard": "log"}, key)
+    tracker.end(key, "FINISHED")
+
+
 @pytest.mark.mlflow
-def test_triage_states_round_trip_through_mlflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_triage_sets_the_state_of_a_bug_once_for_every_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from mlflow.tracking import MlflowClient
+
     from orchestrator.observers.tracking import Tracker
-    from orchestrator.observers.tracking_queries import query_findings
     from orchestrator.observers.tracking_sender import default_sqlite_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = default_sqlite_uri(tmp_path)
-    tracker = Tracker(uri, "camp-tri", tmp_path)
-    tracker.start_campaign("campaign", "camp-tri-run", {}, {})
-    for site in ("s1", "s2"):
-        tracker.start_site(site, f"t:log@{site}", {"site.id": site, "status": "found", "site.op": "log"})
-    assert tracker.flush(60)
-    ids = {s: tracker.run_id(s) for s in ("s1", "s2")}
-    assert tracker.close(timeout=60, status="FINISHED")
+    ids = {}
+    for campaign, sites in (("camp-a", {"a1": SIG_A, "b1": SIG_B}), ("camp-b", {"a2": SIG_A})):
+        tracker = Tracker(uri, campaign, tmp_path)
+        tracker.start_campaign("campaign", f"{campaign}-run", {}, {})
+        for key, sig in sites.items():
+            _occurrence(tracker, key, sig)
+        assert tracker.flush(60)
+        ids.update({key: tracker.run_id(key) for key in sites})
+        assert tracker.close(timeout=60, status="FINISHED")
     cli = CliRunner()
+    client = MlflowClient(tracking_uri=uri)
 
-    def bugs(state: str) -> set[str]:
-        out = cli.invoke(app, ["bugs", "--state", state, "--json", "--tracking-uri", uri])
+    def bugs(*args: str) -> dict[str, dict]:
+        out = cli.invoke(app, ["bugs", "--json", "--tracking-uri", uri, *args])
         assert out.exit_code == 0, out.output
-        return {r["site_id"] for r in json.loads(out.output)}
+        return {r["signature"]: r for r in json.loads(out.output)}
 
-    assert bugs("new") == {"s1", "s2"}
-    res = cli.invoke(app, ["triage", ids["s1"], "--state", "confirmed", "--note", "real", "--tracking-uri", uri])
+    listed = bugs()
+    assert set(listed) == {SIG_A, SIG_B}                      # bugs, not runs: 3 occurrences, 2 bugs
+    a = listed[SIG_A]
+    assert a["occurrences"] == 2 and a["campaigns"] == ["camp-a", "camp-b"] and a["targets"] == ["t"]
+    assert a["triage"] == "new" and a["first_seen"] <= a["last_seen"] and sorted(a["runs"]) == sorted([ids["a1"], ids["a2"]])
+    assert set(bugs("--campaign", "camp-b")) == {SIG_A}
+
+    res = cli.invoke(app, ["triage", SIG_A, "--state", "confirmed", "--note", "real", "--tracking-uri", uri])
     assert res.exit_code == 0, res.output
-    assert "confirmed" in res.output
-    assert bugs("new") == {"s2"} and bugs("confirmed") == {"s1"}
-    # by finding folder: the run id and the store come from the run's summary.json
-    run_dir = tmp_path / "camp-tri-run"
-    folder = run_dir / "findings" / "t-log-s2"
+    assert "2 occurrence run(s)" in res.output
+    assert set(bugs("--state", "confirmed")) == {SIG_A} and set(bugs("--state", "new")) == {SIG_B}
+    for key in ("a1", "a2"):                                  # the copy on each occurrence follows the bug
+        assert client.get_run(ids[key]).data.tags["triage"] == "confirmed"
+    bug_run = client.get_run(bugs()[SIG_A]["bug_run_id"])
+    assert bug_run.data.tags["triage"] == "confirmed" and bug_run.data.tags["triage.note"] == "real"
+
+    # by finding folder (its signature) and by an occurrence's run id
+    folder = tmp_path / "run" / "findings" / "t-log-b1"
     folder.mkdir(parents=True)
-    (folder / "finding.json").write_text(json.dumps({"site": {"id": "s2", "label": "t:log@s2"}, "target": {}}))
-    (run_dir / "summary.json").write_text(json.dumps({"run": {"tracking_uri": uri},
-                                                      "sites": [{"id": "s2", "mlflow_run_id": ids["s2"]}]}))
-    for state in ("duplicate", "wontfix", "fixed"):
-        res = cli.invoke(app, ["triage", str(folder), "--state", state])
-        assert res.exit_code == 0, res.output
-        assert bugs(state) == {"s2"}
-    rows = {r["site_id"]: r["triage"] for r in query_findings(uri)}
-    assert rows == {"s1": "confirmed", "s2": "fixed"}
-    res = cli.invoke(app, ["triage", ids["s2"], "--state", "new", "--tracking-uri", uri])
-    assert res.exit_code == 0 and bugs("new") == {"s2"}
-    bad = cli.invoke(app, ["triage", ids["s1"], "--state", "maybe", "--tracking-uri", uri])
+    (folder / "finding.json").write_text(json.dumps({"site": {"id": "b1"}, "signature": SIG_B, "target": {}}))
+    res = cli.invoke(app, ["triage", str(folder), "--state", "fixed", "--tracking-uri", uri])
+    assert res.exit_code == 0, res.output
+    assert bugs()[SIG_B]["triage"] == "fixed"
+    res = cli.invoke(app, ["triage", ids["a2"], "--state", "wontfix", "--tracking-uri", uri])
+    assert res.exit_code == 0 and bugs()[SIG_A]["triage"] == "wontfix"
+
+    # a fixed bug that occurs again is reopened as regressed, on the bug and on every occurrence
+    tracker = Tracker(uri, "camp-c", tmp_path)
+    tracker.start_campaign("campaign", "camp-c-run", {}, {})
+    _occurrence(tracker, "b2", SIG_B)
+    assert tracker.close(timeout=60, status="FINISHED")
+    again = bugs()[SIG_B]
+    assert again["triage"] == "regressed" and again["occurrences"] == 2
+    assert {client.get_run(r).data.tags["triage"] for r in again["runs"]} == {"regressed"}
+
+    res = cli.invoke(app, ["triage", SIG_B, "--state", "not-reproduced", "--tracking-uri", uri])
+    assert res.exit_code == 0 and bugs()[SIG_B]["triage"] == "not reproduced"
+    bad = cli.invoke(app, ["triage", SIG_A, "--state", "maybe", "--tracking-uri", uri])
     assert bad.exit_code == 2 and "maybe" in bad.output
-    missing = cli.invoke(app, ["triage", "0" * 32, "--state", "fixed", "--tracking-uri", uri])
-    assert missing.exit_code == 2
+    missing = cli.invoke(app, ["triage", "c" * 16, "--state", "fixed", "--tracking-uri", uri])
+    assert missing.exit_code == 2 and "no bug" in missing.output
+    nothing = cli.invoke(app, ["triage", "0" * 32, "--state", "fixed", "--tracking-uri", uri])
+    assert nothing.exit_code == 2

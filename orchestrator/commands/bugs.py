@@ -1,34 +1,40 @@
-"""``cdeepfuzz bugs``: findings from MLflow, wherever the store is."""
+"""``cdeepfuzz bugs``: bugs, not runs. One row per signature across every campaign of a tracking store.
+
+Each row (``--json`` gives the same): ``signature``, ``triage`` (the bug's state, from its run in
+the ``cdeepfuzz-bugs`` experiment), ``note``, ``target``, ``op``, ``location``, ``hazard``,
+``first_seen`` and ``last_seen`` (ISO times of its first and last occurrence), ``occurrences``,
+``campaigns`` and ``targets`` where it occurred, ``site_ids``, ``runs`` (the occurrences' MLflow
+run ids), ``reproducer`` (the folder of its smallest reproducer) and ``bug_run_id``. The store is
+found as every command finds it (:func:`orchestrator.config.resolve_tracking_uri`): ``--tracking-uri``,
+``MLFLOW_TRACKING_URI``, else the store of the newest run under the current directory.
+"""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 
-def find_tracking_uri(cli_uri: str | None, cwd: Path | None = None) -> str | None:
-    """``--tracking-uri``, else MLFLOW_TRACKING_URI, else the store of the newest run under the cwd."""
-    if cli_uri:
-        return cli_uri
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    from fuzz_core.io import read_json
-    from orchestrator.observers.summary import FILENAME, tracking_uri_of
-
-    cwd = cwd or Path.cwd()
-    newest, uri = -1.0, None
-    for summary in cwd.glob(f"**/{FILENAME}"):
-        try:
-            mtime = summary.stat().st_mtime
-            if mtime > newest:
-                run_uri = tracking_uri_of(read_json(summary))
-                if run_uri:
-                    newest, uri = mtime, run_uri
-        except (OSError, ValueError):
-            continue
-    return uri
+class BugsError(ValueError):
+    """No store to list, or a bad filter (exit 2)."""
 
 
-def list_bugs(uri: str, campaign: str | None = None, state: str | None = None) -> list[dict]:
-    from orchestrator.observers.tracking_queries import query_findings
+def list_bugs(tracking_uri: str | None, campaign: str | None = None, state: str | None = None,
+              cwd: Path | None = None) -> tuple[str, list[dict]]:
+    """(the tracking URI, its bugs)."""
+    from orchestrator.config import resolve_tracking_uri
+    from orchestrator.observers.bug_registry import STATES, list_bugs as registry_bugs, parse_state
+    from orchestrator.observers.tracking_sender import _make_client
 
-    return query_findings(uri, campaign=campaign, state=state)
+    uri = resolve_tracking_uri(tracking_uri, search=cwd or Path.cwd())
+    if uri is None:
+        raise BugsError("no tracking store: give --tracking-uri, set MLFLOW_TRACKING_URI, or run from a folder "
+                        "with runs")
+    wanted = None
+    if state is not None:
+        wanted = parse_state(state)
+        if wanted is None:
+            raise BugsError(f"--state: {state!r} is not one of {', '.join(STATES)}")
+    try:
+        rows = registry_bugs(_make_client(uri), campaign, wanted.value if wanted else None)
+    except ValueError as exc:
+        raise BugsError(str(exc)) from None
+    return uri, rows

@@ -1,7 +1,12 @@
 """The ``cdeepfuzz`` command. Each command parses its arguments and calls one library function.
 
-Exit codes of ``run``: 0 no finding, 1 findings, 2 usage or configuration error,
-3 a target could not be built or run. ``replay``: 0 reproduced, 1 not reproduced, 2 usage.
+Exit codes of ``run`` (:data:`orchestrator.run.campaign.EXIT_CODES`): 0 completed with no finding,
+1 completed with findings, 2 usage or configuration error (nothing started), 3 a target could not
+be built or its program raised (3 wins over 1), 4 stopped before completion (SIGTERM, SIGINT,
+``time_limit_s``; resume with ``--resume``), 5 an internal error of CDeepFuzz (a bug to report).
+``sites``: 0, 2, 3 (a target could not be built or run), 5. ``replay``: 0 reproduced, 1 not
+reproduced, 2 usage, 3 the target could not be built or its program raised, 5. ``fix``: 0 verified,
+1 not, 2, 3, 5 as ``replay``.
 """
 from __future__ import annotations
 
@@ -19,10 +24,22 @@ from orchestrator.config import ConfigError, load_campaign
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find NaN/Inf bugs in deep-learning programs by gradient back-propagation.")
 
+EXIT_TARGET, EXIT_INTERNAL = 3, 5
+
 
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"cdeepfuzz: error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def _target_failed(what: str, failure, traceback: bool = True) -> None:
+    """The one line ``sites``, ``run``, ``replay`` and ``fix`` print for a broken target, then exit 3 (5: ours)."""
+    from orchestrator.run.failures import describe
+
+    typer.echo(describe(what, failure), err=True)
+    if traceback and failure.traceback:
+        typer.echo(failure.traceback.rstrip(), err=True)
+    raise typer.Exit(EXIT_INTERNAL if failure.internal else EXIT_TARGET)
 
 
 @app.command()
@@ -30,28 +47,29 @@ def run(
     campaign: Optional[Path] = typer.Argument(None, help="campaign YAML file (not needed with --resume)"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in this run folder"),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking URI"),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (else RAY_ADDRESS)"),
+    address: Optional[str] = typer.Option(None, "--address", help="join this Ray cluster (else RAY_ADDRESS)"),
+    cluster: bool = typer.Option(False, "--cluster", help="join the Ray cluster of this node (--address auto)"),
+    project_dir: Optional[str] = typer.Option(None, "--project-dir",
+                                              help="on a cluster: the folder campaign paths start from (else "
+                                                   "CDEEPFUZZ_PROJECT_DIR, else ~/cdeepfuzz)"),
     local: bool = typer.Option(False, "--local", help="run every site in this process, without Ray"),
     output: Optional[str] = typer.Option(None, "--output", help="override the campaign's output folder"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output"),
     plain: bool = typer.Option(False, "--plain", help="plain progress lines even on a terminal"),
+    no_metrics: bool = typer.Option(False, "--no-metrics", help="do not export live Ray metrics"),
     ok_on_findings: bool = typer.Option(False, "--ok-on-findings",
                                         help="exit 0, not 1, when the campaign completed with findings "
                                              "(for job schedulers that call any non-zero exit a failure)"),
 ) -> None:
-    """Run a campaign: discover every suspect op site and search them."""
-    from orchestrator.run.campaign import RunOptions, run_campaign
+    """Run a campaign: discover every suspect op site and search them (exit codes: see cdeepfuzz --help)."""
+    from orchestrator.commands.run import RunArgs, run as run_command
 
-    if campaign is None and resume is None:
-        _fail("give a campaign file, or --resume RUN_FOLDER")
     try:
-        cfg = load_campaign(campaign) if campaign is not None else None
-        outcome = run_campaign(cfg, campaign or resume, RunOptions(
-            tracking_uri=tracking_uri, address=address, local=local, progress=not quiet,
-            live=False if plain else None, output=output, resume=str(resume) if resume else None))
+        code = run_command(RunArgs(campaign, resume, tracking_uri, address, cluster, project_dir, local, output,
+                                   quiet, plain, not no_metrics, ok_on_findings))
     except ConfigError as exc:
         _fail(str(exc))
-    raise typer.Exit(0 if ok_on_findings and outcome.exit_code == 1 else outcome.exit_code)
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -59,6 +77,7 @@ def sites(campaign: Path = typer.Argument(..., help="campaign YAML file"),
           as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
     """List every suspect op site found in the campaign's targets (nothing is searched)."""
     from orchestrator.run.campaign import target_specs, worker_options
+    from orchestrator.run.failures import from_target_failure
     from orchestrator.worker import TargetFailure, Worker
 
     try:
@@ -66,19 +85,25 @@ def sites(campaign: Path = typer.Argument(..., help="campaign YAML file"),
     except ConfigError as exc:
         _fail(str(exc))
     worker = Worker(worker_options(cfg))
-    rows, failed = [], False
+    rows, broken = [], []
     for spec in target_specs(cfg).values():
         found = worker.try_discover(spec)
         if isinstance(found, TargetFailure):
-            failed = True
-            typer.echo(f"cdeepfuzz: target {spec.name}: could not be built or run: {found}\n{found.tb}", err=True)
+            broken.append((spec.name, from_target_failure(found)))
             continue
         rows += [s.to_dict() for s in found]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
     else:
         _sites_table(rows)
-    raise typer.Exit(3 if failed else 0)
+    if broken:
+        from orchestrator.run.failures import describe
+
+        for name, failure in broken:
+            typer.echo(describe(f"target {name}", failure), err=True)
+            if failure.traceback:
+                typer.echo(failure.traceback.rstrip(), err=True)
+        raise typer.Exit(EXIT_INTERNAL if any(f.internal for _, f in broken) else EXIT_TARGET)
 
 
 def _sites_table(rows: list[dict]) -> None:
@@ -100,41 +125,44 @@ def replay(folder: Path = typer.Argument(..., help="a finding folder"),
            trust: bool = typer.Option(False, "--trust", help="run a factory outside the current directory tree"),
            device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto")) -> None:
     """Rebuild the target, restore the saved values, run the unmodified program: exit 0 if the bug reproduces."""
-    from orchestrator.commands.replay import ReplayError, replay_folder
+    from orchestrator.commands.replay import ReplayError, TargetBroken, replay_folder
 
     try:
         reproduced, message = replay_folder(folder, trust=trust, device=device)
     except ReplayError as exc:
         _fail(str(exc))
+    except TargetBroken as exc:
+        _target_failed(f"target of {folder}", exc.failure)
     typer.echo(message)
     raise typer.Exit(0 if reproduced else 1)
 
 
 @app.command()
-def bugs(campaign: Optional[str] = typer.Option(None, "--campaign", help="only this campaign"),
-         state: Optional[str] = typer.Option(None, "--state", help="triage state: new, confirmed, ..."),
+def bugs(campaign: Optional[str] = typer.Option(None, "--campaign", help="only bugs seen in this campaign"),
+         state: Optional[str] = typer.Option(None, "--state", help="triage state: new, confirmed, fixed, regressed, ..."),
          tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri"),
          as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
-    """List findings from MLflow."""
-    from orchestrator.commands.bugs import find_tracking_uri, list_bugs
+    """List bugs, not runs: one row per signature across every campaign in the tracking store."""
+    from orchestrator.commands.bugs import BugsError, list_bugs
 
-    uri = find_tracking_uri(tracking_uri)
-    if uri is None:
-        _fail("no tracking store: give --tracking-uri, set MLFLOW_TRACKING_URI, or run from a folder with runs")
-    rows = list_bugs(uri, campaign, state)
+    try:
+        uri, rows = list_bugs(tracking_uri, campaign, state)
+    except BugsError as exc:
+        _fail(str(exc))
     if as_json:
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{len(rows)} finding(s) in {uri}")
-    for col in ("campaign", "site", "hazard", "steps", "status", "triage", "run id"):
+    table = Table(title=f"{len(rows)} bug(s) in {uri}")
+    for col in ("signature", "triage", "target / op / location", "hazard", "seen", "first seen", "last seen",
+                "campaigns", "reproducer"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(str(r.get("campaign", "")), str(r.get("label") or r.get("site_id", "")),
-                      str(r.get("hazard", "")), str(r.get("steps", "")), str(r.get("status", "")),
-                      str(r.get("triage", "")), str(r.get("run_id", "")))
+        table.add_row(r["signature"], str(r["triage"]), f"{r.get('target')} {r.get('op')} {r.get('location')}",
+                      str(r.get("hazard") or ""), str(r["occurrences"]), str(r["first_seen"] or ""),
+                      str(r["last_seen"] or ""), ", ".join(r["campaigns"]), str(r.get("reproducer") or ""))
     Console().print(table)
 
 
@@ -143,16 +171,16 @@ def sync(run_folder: Path = typer.Argument(..., help="a run folder whose trackin
          tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="default: the run's own")) -> None:
     """Send what a run spooled while MLflow was unreachable (exit 1 if some is still left)."""
     from fuzz_core.io import read_json
-    from orchestrator.observers.summary import tracking_uri_of
+    from orchestrator.config import resolve_tracking_uri
     from orchestrator.observers.tracking_sender import SPOOL_NAME, replay_spool
 
     summary = run_folder / "summary.json"
-    uri = tracking_uri
-    if uri is None and summary.is_file():
+    if tracking_uri is None and summary.is_file():
         try:
-            uri = tracking_uri_of(read_json(summary))
+            read_json(summary)
         except (OSError, ValueError) as exc:
             _fail(f"{summary}: cannot be read ({exc}): give --tracking-uri")
+    uri = resolve_tracking_uri(tracking_uri, run_dir=run_folder)
     if not uri:
         _fail(f"{run_folder}: no tracking URI: give --tracking-uri")
     if not (run_folder / SPOOL_NAME).is_file():
@@ -177,15 +205,17 @@ def report(folder: Path = typer.Argument(..., help="a run folder, or an output f
 
 
 @app.command()
-def triage(finding: str = typer.Argument(..., help="a finding folder, or the MLflow run id of its site run"),
-           state: str = typer.Option(..., "--state", help="new | confirmed | duplicate | wontfix | fixed"),
+def triage(bug: str = typer.Argument(..., help="a bug's signature (cdeepfuzz bugs), a finding folder, or the MLflow "
+                                               "run id of an occurrence"),
+           state: str = typer.Option(..., "--state",
+                                     help="new | confirmed | duplicate | wontfix | fixed | regressed | not-reproduced"),
            note: Optional[str] = typer.Option(None, "--note", help="a note kept with the state"),
            tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri")) -> None:
-    """Set the triage state of a finding (tags on its MLflow site run)."""
+    """Set the triage state of a bug, once, for every run where it occurred."""
     from orchestrator.commands.triage import TriageError, triage as set_state
 
     try:
-        result = set_state(finding, state, note, tracking_uri)
+        result = set_state(bug, state, note, tracking_uri)
     except TriageError as exc:
         _fail(str(exc))
     typer.echo(result.describe())
@@ -197,19 +227,30 @@ def fix(folder: Path = typer.Argument(..., help="a finding folder"),
         trust: bool = typer.Option(False, "--trust", help="run a factory outside the current directory tree"),
         device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto")) -> None:
     """Suggest a guard for a finding and verify it by searching the guarded program; exit 0 if verified."""
+    from fuzz_core.backends.base import RunnerOptions
+    from fuzz_core.engine import TargetSpec
     from fuzz_core.findings import FindingError, load_finding
     from fuzz_core.fixes import suggest_and_verify
-    from fuzz_core.loader import EntryError
-    from orchestrator.commands.replay import ReplayError, check_trusted
+    from orchestrator.commands.replay import ReplayError, TargetBroken, build_target, check_entry_exists, check_trusted
+    from orchestrator.run.failures import from_exception
 
     try:
-        check_trusted(str(load_finding(folder).report["target"].get("entry", "")), trust)
-        section = suggest_and_verify(folder, budget, device=device)
+        report = load_finding(folder).report
+        entry = str(report["target"].get("entry", ""))
+        check_trusted(entry, trust)
+        check_entry_exists(entry, folder)
+        runner = None
+        if (report["target"].get("framework") or "torch") == "torch":
+            runner = build_target(TargetSpec.from_dict(report["target"]),
+                                  RunnerOptions(device=device, search_weights=report.get("trigger") == "weights"))
+        try:
+            section = suggest_and_verify(folder, budget, device=device, runner=runner)
+        except Exception as exc:  # noqa: BLE001 - the program raised under the guard, or CDeepFuzz did
+            raise TargetBroken(from_exception(exc)) from None
     except (FindingError, ReplayError) as exc:
         _fail(str(exc))
-    except (EntryError, ImportError, OSError) as exc:
-        _fail(f"cannot build the finding's target: {exc} (run from the folder the campaign ran in: "
-              f"the entry is relative to it)")
+    except TargetBroken as exc:
+        _target_failed(f"target of {folder}", exc.failure)
     typer.echo(section["message"])
     for attempt in section.get("attempts", []):
         residual = attempt.get("residual") or {}

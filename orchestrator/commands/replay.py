@@ -83,7 +83,8 @@ def replay_folder(folder: Path, trust: bool = False, device: str = "cpu") -> tup
         raise TargetBroken(from_exception(exc)) from None
     first = result.first_op
     where = f"{first.kind} at {first.location}" if first else "none"
-    phase = f" ({result.phase})" if result.phase and result.phase != "forward" else ""
+    phase = (f" ({result.phase})" if result.phase and result.phase != "forward" and first is not None
+             and result.phase not in first.kind else "")
     if confirmed(result, site, loaded.report):
         if loaded.report.get("site_triggered", True):
             return True, f"reproduced: {site.label} ({site.hazard}); first non-finite op: {where}{phase}"

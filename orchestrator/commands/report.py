@@ -11,7 +11,9 @@ scripts, no CDN, no remote URL):
   time its trace shards were written (the controller writes one shard per site and quantum,
   as the quantum ends), read from the Parquet traces; with an ``allocation.json`` in the run
   folder (the scheduler's grants, ``[{site_id, steps, total}]``), the grants as well;
-- the suspect loss of every site against its steps, one small chart each, found sites first.
+- the suspect loss of each site against its steps, one small chart each, found sites first, then
+  the closest (at most ``MAX_CHARTS``: a 1,000-site campaign reads through its findings table,
+  its sites table and ``cdeepfuzz bugs``).
 
 Given an output folder that holds several runs, the newest run (by ``run.started`` in its
 ``summary.json``) is reported; ``all_runs=True`` reports every run and writes
@@ -40,6 +42,8 @@ INDEX = "index.html"
 ALLOCATION = "allocation.json"
 CHART_SIZE = (3.4, 2.1)     # inches, per site
 CHART_DPI = 72
+MAX_CHARTS = 60
+FOUND = ("found", "flaky")
 _SEQ = re.compile(r"-(\d{6})-[0-9a-f]{8}\.parquet$")
 
 
@@ -153,7 +157,7 @@ def ordered_sites(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """Found sites first (fewest steps first), then the others by best loss."""
     def key(s: dict[str, Any]) -> tuple:
         best = s.get("best_loss")
-        return (s.get("status") != "found", s.get("steps", 0) if s.get("status") == "found" else 0,
+        return (s.get("status") not in FOUND, s.get("steps", 0) if s.get("status") in FOUND else 0,
                 best if isinstance(best, (int, float)) else math.inf, s.get("label", ""))
 
     return sorted(summary.get("sites", []), key=key)
@@ -174,7 +178,7 @@ def site_chart(fig, site: dict[str, Any], trace: SiteTrace | None, path: Path) -
     ``fig`` is reused from site to site (a fixed layout: thousands of sites stay cheap)."""
     fig.clf()
     ax = fig.add_axes((0.17, 0.2, 0.79, 0.68))
-    found = site.get("status") == "found"
+    found = site.get("status") in FOUND
     if trace is not None and len(trace.steps):
         losses = np.where(np.isfinite(trace.losses), trace.losses, np.nan)
         ax.plot(trace.steps, losses, color="#c0392b" if found else "#2c6fbb", lw=1.2)
@@ -332,9 +336,9 @@ def _findings_table(data: RunData, sites: list[dict[str, Any]]) -> str:
 def _sites_table(sites: list[dict[str, Any]]) -> str:
     rows = []
     for s in sites:
-        cls = ' class="found"' if s.get("status") == "found" else ""
+        cls = ' class="found"' if s.get("status") in FOUND else ""
         rows.append(f"<tr><td><a href='#site-{_e(s['id'])}'>{_e(s.get('label'))}</a></td><td{cls}>{_e(s.get('status'))}"
-                    f"</td><td>{_e(s.get('op'))}</td><td><code>{_e(s.get('location'))}</code></td>"
+                    f"{' (' + _e(s['exit_reason']) + ')' if s.get('exit_reason') not in (None, 'none') else ''}</td><td>{_e(s.get('op'))}</td><td><code>{_e(s.get('location'))}</code></td>"
                     f"<td>{_e(s.get('steps'))}</td><td>{_fmt(s.get('seconds'))}</td><td>{_fmt(s.get('best_loss'))}</td>"
                     f"<td>{_e(_short(s.get('error') or '', 200))}</td></tr>")
     head = ("<tr><th>site</th><th>status</th><th>op</th><th>location</th><th>steps</th><th>seconds</th>"
@@ -360,8 +364,14 @@ def render_html(data: RunData, sites: list[dict[str, Any]], charts: dict[str, st
                      + "".join(f"<li><b>{_e(t['name'])}</b>: {_e(t.get('error'))}</li>" for t in failed) + "</ul>")
     parts += ["<h2>Findings</h2>", _findings_table(data, sites), "<h2>Budget allocation over time</h2>"]
     parts.append(f"<img src='{_e(allocation)}' alt='budget allocation'>" if allocation else "<p>No trace.</p>")
-    parts += ["<h2>Sites</h2>", _sites_table(sites), "<h2>Suspect loss per site</h2><div class='grid'>"]
+    parts += ["<h2>Sites</h2>", _sites_table(sites), "<h2>Suspect loss per site</h2>"]
+    if len(charts) < len(sites):
+        parts.append(f"<p>The {len(charts)} sites that found a bug or came closest; the other "
+                     f"{len(sites) - len(charts)} are in the table above.</p>")
+    parts.append("<div class='grid'>")
     for site in sites:
+        if site["id"] not in charts:
+            continue
         parts.append(f"<figure id='site-{_e(site['id'])}'><img src='{_e(charts[site['id']])}' "
                      f"alt='suspect loss of {_e(site.get('label'))}'></figure>")
     parts.append("</div></body></html>\n")
@@ -378,7 +388,7 @@ def write_report(run_dir: Path) -> Path:
     charts = {}
     fig = plt.figure(figsize=CHART_SIZE, dpi=CHART_DPI)
     try:
-        for site in sites:
+        for site in sites[:MAX_CHARTS]:
             charts[site["id"]] = f"loss-{site['id']}.png"
             site_chart(fig, site, data.traces.get(site["id"]), out / charts[site["id"]])
     finally:

@@ -1,134 +1,98 @@
-"""``cdeepfuzz triage``: set the triage state of a finding on its MLflow site run.
+"""``cdeepfuzz triage BUG --state STATE``: set a bug's triage state once, for every run where it occurred.
 
-A finding is named by its folder (``<run>/findings/<name>/``) or by the MLflow run id of its
-site run. For a folder, the run id comes from the run's ``summary.json`` (``sites[].mlflow_run_id``)
-or, failing that, from MLflow itself (a site run of the same campaign and site id tagged
-``status=found``; the last one MLflow lists when several runs found the same site). The
-tracking URI is, in this order: ``--tracking-uri``, the run's own (``summary.json``),
-``MLFLOW_TRACKING_URI``, the store of the newest run under the current directory.
-
-The states are tags on the site run (``triage``, ``triage.note``): ``cdeepfuzz bugs --state``
-filters on them. Every finding starts as ``new``.
+``BUG`` is a bug's signature (as ``cdeepfuzz bugs`` lists it), a finding folder (its
+``finding.json`` names the signature) or the MLflow run id of one occurrence. The state is kept
+in the bug's run of the ``cdeepfuzz-bugs`` experiment and copied onto every occurrence's run
+(:mod:`orchestrator.observers.bug_registry`). The tracking store is found as every command finds
+it: ``--tracking-uri``, the finding's run's own, ``MLFLOW_TRACKING_URI``, the newest run under the
+current directory.
 """
 from __future__ import annotations
 
-import os
+import re
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
 from fuzz_core.findings import REPORT
 from fuzz_core.io import read_json
-from orchestrator.observers.summary import FILENAME as SUMMARY
-from orchestrator.observers.summary import tracking_uri_of
+from orchestrator.observers.bug_registry import STATES, TriageState, parse_state as _parse
 
-
-class TriageState(str, Enum):
-    NEW = "new"
-    CONFIRMED = "confirmed"
-    DUPLICATE = "duplicate"
-    WONTFIX = "wontfix"
-    FIXED = "fixed"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-STATES = tuple(s.value for s in TriageState)
+SIGNATURE = re.compile(r"[0-9a-f]{16}")
 
 
 class TriageError(ValueError):
-    """A finding or run that cannot be triaged as asked (exit 2)."""
+    """A bug that cannot be triaged as asked (exit 2)."""
 
 
 @dataclass(frozen=True)
 class TriageResult:
     uri: str
-    run_id: str
-    label: str
+    signature: str
+    bug_run_id: str
     state: TriageState
     note: str | None
+    occurrences: int
 
     def describe(self) -> str:
         note = f" ({self.note})" if self.note else ""
-        return f"triage: {self.label or self.run_id} -> {self.state}{note} [MLflow run {self.run_id} in {self.uri}]"
+        return (f"triage: bug {self.signature} -> {self.state}{note}, in {self.occurrences} occurrence run(s) "
+                f"[MLflow: {self.uri}, bug run {self.bug_run_id}]")
 
 
 def parse_state(state: str) -> TriageState:
-    try:
-        return TriageState(str(state).strip().lower())
-    except ValueError:
-        raise TriageError(f"--state: {state!r} is not one of {', '.join(STATES)}") from None
+    wanted = _parse(state)
+    if wanted is None:
+        raise TriageError(f"--state: {state!r} is not one of {', '.join(STATES)}")
+    return wanted
 
 
-def triage(finding: str | Path, state: str, note: str | None = None, tracking_uri: str | None = None,
+def triage(bug: str | Path, state: str, note: str | None = None, tracking_uri: str | None = None,
            cwd: Path | None = None) -> TriageResult:
-    """Set the triage state (and note) of a finding folder or an MLflow site run id."""
-    from orchestrator.observers.tracking_queries import set_triage
+    """Set the triage state (and note) of a bug named by its signature, a finding folder or a run id."""
+    from orchestrator.config import resolve_tracking_uri
+    from orchestrator.observers.bug_registry import occurrences, set_state
+    from orchestrator.observers.tracking_sender import _make_client
 
     wanted = parse_state(state)
-    uri, run_id, label = resolve(finding, tracking_uri, cwd)
-    try:
-        set_triage(uri, run_id, wanted.value, note)
-    except Exception as exc:  # noqa: BLE001 - MLflow raises its own exception types
-        raise TriageError(f"cannot set the triage of run {run_id} in {uri}: {exc}") from None
-    return TriageResult(uri, run_id, label, wanted, note)
-
-
-def resolve(finding: str | Path, tracking_uri: str | None = None, cwd: Path | None = None) -> tuple[str, str, str]:
-    """(tracking URI, MLflow run id, label) of a finding folder or a run id."""
-    path = Path(finding)
+    path = Path(bug)
+    run_dir = None
+    signature = None
     if path.is_dir():
-        return _from_folder(path, tracking_uri, cwd)
-    if path.exists() or "/" in str(finding) or os.sep in str(finding):
-        raise TriageError(f"{finding}: not a finding folder (no {REPORT}) and not an MLflow run id")
-    uri = _default_uri(tracking_uri, None, cwd)
-    return uri, str(finding), ""
-
-
-def _from_folder(folder: Path, tracking_uri: str | None, cwd: Path | None) -> tuple[str, str, str]:
-    if not (folder / REPORT).is_file():
-        raise TriageError(f"{folder}: not a finding folder (no {REPORT})")
-    report = read_json(folder / REPORT)
-    site = report.get("site") or {}
-    site_id, label = str(site.get("id", "")), str(site.get("label", ""))
-    run_dir = folder.parent.parent if folder.parent.name == "findings" else None
-    summary = _summary(run_dir)
-    uri = _default_uri(tracking_uri, tracking_uri_of(summary), cwd)
-    run_id = next((s.get("mlflow_run_id") for s in summary.get("sites", []) if s.get("id") == site_id), None)
-    if not run_id:
-        run_id = _search_run(uri, (summary.get("campaign") or {}).get("name"), site_id, folder)
-    return uri, run_id, label
-
-
-def _summary(run_dir: Path | None) -> dict:
-    if run_dir is None or not (run_dir / SUMMARY).is_file():
-        return {}
-    try:
-        summary = read_json(run_dir / SUMMARY)
-    except (OSError, ValueError):
-        return {}
-    return summary if isinstance(summary, dict) else {}
-
-
-def _default_uri(cli: str | None, own: str | None, cwd: Path | None) -> str:
-    from orchestrator.commands.bugs import find_tracking_uri
-
-    uri = cli or own or find_tracking_uri(None, cwd)
+        if not (path / REPORT).is_file():
+            raise TriageError(f"{bug}: not a finding folder (no {REPORT})")
+        report = read_json(path / REPORT)
+        signature = str(report.get("signature") or "")
+        run_dir = path.parent.parent if path.parent.name == "findings" else None
+    elif path.exists() or "/" in str(bug):
+        raise TriageError(f"{bug}: not a finding folder (no {REPORT}), a signature or an MLflow run id")
+    uri = resolve_tracking_uri(tracking_uri, run_dir=run_dir, search=cwd or Path.cwd())
     if not uri:
         raise TriageError("no tracking store: give --tracking-uri, set MLFLOW_TRACKING_URI, "
                           "or run from a folder with runs")
-    return uri
-
-
-def _search_run(uri: str, campaign: str | None, site_id: str, folder: Path) -> str:
-    from orchestrator.observers.tracking_queries import query_findings
-
     try:
-        rows = [r for r in query_findings(uri, campaign=campaign) if r.get("site_id") == site_id]
-    except Exception as exc:  # noqa: BLE001
-        raise TriageError(f"cannot search {uri} for site {site_id}: {exc}") from None
-    if not rows:
-        raise TriageError(f"{folder}: no MLflow site run with status=found for site {site_id} in {uri}; "
-                          "give the run id instead")
-    return rows[-1]["run_id"]
+        client = _make_client(uri)
+        if signature is None:
+            text = str(bug).strip()
+            if SIGNATURE.fullmatch(text):
+                signature = text
+            else:
+                try:
+                    signature = client.get_run(text).data.tags.get("signature")
+                except Exception:  # noqa: BLE001 - not a run id either
+                    signature = None
+                if not signature:
+                    raise TriageError(f"{bug}: neither a bug signature (16 hex digits, see `cdeepfuzz bugs`) nor "
+                                      f"the MLflow run id of a finding in {uri}")
+        rid = set_state(client, None, signature, wanted.value, note)
+        if rid is None:
+            if not occurrences(client, signature):
+                raise TriageError(f"no bug {signature} in {uri} (see `cdeepfuzz bugs`)")
+            from orchestrator.observers.tracking_sender import experiment_ids
+
+            rid = set_state(client, experiment_ids(uri), signature, wanted.value, note)
+        count = len(occurrences(client, signature))
+    except TriageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - MLflow raises its own exception types
+        raise TriageError(f"cannot set the triage of bug {signature} in {uri}: {exc}") from None
+    return TriageResult(uri, signature, rid, wanted, note, count)

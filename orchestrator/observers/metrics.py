@@ -1,6 +1,6 @@
 """Live campaign metrics for dashboards: Ray metrics, scraped by Prometheus from every node.
 
-The controller calls :class:`CampaignMetrics` after each quantum and each finding::
+:class:`MetricsObserver` calls :class:`CampaignMetrics` after each quantum and each finding::
 
     metrics = CampaignMetrics(campaign.name)
     metrics.quantum(site, last_loss, best_loss, steps, new_steps)   # after a quantum
@@ -33,6 +33,8 @@ import logging
 import math
 import sys
 from typing import Any
+
+from orchestrator.observers.base import Observer
 
 log = logging.getLogger(__name__)
 
@@ -146,3 +148,16 @@ class CampaignMetrics:
             inst[FINDINGS].inc(1.0, tags={"campaign": self.campaign, "target": target, "site": site_id, "op": op})
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
+
+
+class MetricsObserver(Observer):
+    """The live metrics as an observer of the run."""
+
+    def __init__(self, campaign: str, enabled: bool = True) -> None:
+        self.metrics = CampaignMetrics(campaign, enabled)
+
+    def quantum(self, rec, result) -> None:
+        self.metrics.quantum(rec.site, rec.last_loss, rec.best_loss, rec.steps, len(result.trace))
+
+    def finding(self, rec, finding, folder) -> None:
+        self.metrics.finding(rec.site)

@@ -3,11 +3,13 @@
 Layout under ``root`` (hive partitioning; the partition columns live in the folder
 names, never inside the files)::
 
-    traces/campaign=<campaign>/site_id=<site id>/part-<run>-<seq:06d>-<uuid8>.parquet
-    findings/campaign=<campaign>/part-<run>-<site id>-<uuid8>.parquet
+    traces/campaign=<campaign>/site_id=<site id>/part-<run>-<first step:09d>.parquet   (a run's quanta)
+    traces/campaign=<campaign>/site_id=<site id>/part-<run>-<seq:06d>-<uuid8>.parquet (other writers)
+    findings/campaign=<campaign>/part-<run>-<site id>.parquet
 
 One trace shard is written per ``write_traces`` call and per site; one small file per
-finding. Every write goes to a hidden temporary name in the same folder
+finding. A campaign names each quantum's shard by the site's first step in it, so a quantum
+run again after ``--resume`` replaces its shard instead of adding a second copy. Every write goes to a hidden temporary name in the same folder
 (``.part-….parquet.tmp``), is fsynced, then renamed with ``os.replace``: a reader never
 sees a half-written file under its final name, and a temporary left by a hard crash is
 ignored by pyarrow, pandas (their discovery skips names starting with ``.`` or ``_``)
@@ -49,6 +51,10 @@ such folders); anything else is a ``ValueError`` that names the value.
   minimisation.
 - ``folder`` (string): path of the finding folder, relative to the run folder.
 - ``found_at`` (timestamp[us, UTC]): when the finding was confirmed.
+- ``status`` (string): the site's status, ``found`` or ``flaky`` (:class:`fuzz_core.status.SiteStatus`);
+  ``exit_reason`` (string): ``triggered`` or ``triggered_flaky`` (:class:`ExitReason`);
+  ``phase`` (string): where the first non-finite value arose (``forward``, ``backward``, ``update``).
+  Null in files written before these columns existed.
 
 Site ids are hex strings that can look like numbers: readers that infer hive types
 (pandas, DuckDB's ``hive_types_autocast``) may turn them into integers; pass
@@ -59,6 +65,7 @@ DuckDB. ``read_traces``/``read_findings`` always return the documented schema.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import re
 import threading
@@ -70,6 +77,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+
+from orchestrator.observers.base import Observer
 
 __all__ = [
     "FINDING_PARTITIONING",
@@ -120,6 +129,9 @@ FINDING_SCHEMA = pa.schema(
         ("minimised_size", pa.int64()),
         ("folder", pa.string()),
         ("found_at", pa.timestamp("us", tz="UTC")),
+        ("status", pa.string()),
+        ("exit_reason", pa.string()),
+        ("phase", pa.string()),
     ]
 )
 
@@ -206,11 +218,13 @@ class ParquetStore:
                 raise ValueError(f"row {name} {out[name]!r} differs from the store's {mine!r}")
         return out
 
-    def write_traces(self, rows: list[dict[str, Any]]) -> list[Path]:
+    def write_traces(self, rows: list[dict[str, Any]], part: str | None = None) -> list[Path]:
         """Write ``rows`` as one shard per site; return the shard paths (none if no rows).
 
         Each row has the columns of ``TRACE_SCHEMA``; ``campaign`` and ``run`` default to
-        the store's, a missing optional column is null.
+        the store's, a missing optional column is null. ``part`` names the shard
+        (``part-<run>-<part>.parquet``, replacing one of that name): a writer that may write the
+        same rows twice (a quantum run again after a resume) gives a stable one.
         """
         by_site: dict[str, list[dict[str, Any]]] = {}
         for row in rows:
@@ -222,7 +236,8 @@ class ParquetStore:
         paths = []
         for site_id, site_rows in by_site.items():
             table = pa.Table.from_pylist(site_rows, schema=schema)
-            name = f"part-{self.run}-{self._next_seq():06d}-{uuid.uuid4().hex[:8]}.parquet"
+            name = (f"part-{self.run}-{validate_component(part, 'part')}.parquet" if part is not None
+                    else f"part-{self.run}-{self._next_seq():06d}-{uuid.uuid4().hex[:8]}.parquet")
             folder = self.root / TRACES_DIR / f"campaign={self.campaign}" / f"site_id={site_id}"
             paths.append(_atomic_write(table, folder / name))
         return paths
@@ -241,7 +256,7 @@ class ParquetStore:
         own["found_at"] = found_at
         schema = _file_schema(FINDING_SCHEMA, ("campaign",))
         table = pa.Table.from_pylist([own], schema=schema)
-        name = f"part-{self.run}-{site_id}-{uuid.uuid4().hex[:8]}.parquet"
+        name = f"part-{self.run}-{site_id}.parquet"
         return _atomic_write(table, self.root / FINDINGS_DIR / f"campaign={self.campaign}" / name)
 
 
@@ -275,3 +290,40 @@ def read_findings(root: Path | str, campaign: str | None = None) -> pa.Table:
     """All findings under ``root`` (optionally one campaign), ``FINDING_SCHEMA``."""
     filters = {"campaign": campaign}
     return _read(Path(root) / FINDINGS_DIR, FINDING_SCHEMA, FINDING_PARTITIONING, filters)
+
+
+class ParquetObserver(Observer):
+    """Writes each quantum's trace and each finding's row."""
+
+    def __init__(self, root: Path | str, campaign: str, run: str, strategy: str) -> None:
+        self.store = ParquetStore(root, campaign, run)
+        self.strategy = strategy
+
+    def quantum(self, rec, result) -> None:
+        if result.trace:
+            site = rec.site
+            rows = [{"site_id": site.id, "target": site.target, "op": site.op, "step": p.step,
+                     "suspect_loss": _float(p.suspect_loss), "best_loss": _float(p.best_loss),
+                     "grad_norm": _float(p.grad_norm), "strategy": self.strategy, "event": p.event,
+                     "triggered": p.triggered, "wall_s": p.wall_s} for p in result.trace]
+            self.store.write_traces(rows, part=f"{result.trace[0].step:09d}")
+
+    def finding(self, rec, finding, folder) -> None:
+        first = finding.first_op or {}
+        mini = finding.minimised or {}
+        batch = next(iter(finding.inputs.values())).shape[0] if finding.inputs else 0
+        flaky = bool(getattr(finding, "flaky", False))
+        self.store.write_finding({
+            "site_id": finding.site.id, "target": finding.site.target, "op": finding.site.op,
+            "hazard": finding.site.hazard, "location": finding.site.location, "signature": finding.signature,
+            "steps": finding.step, "seconds": finding.seconds, "trigger": finding.trigger,
+            "training": finding.training, "first_op": first.get("kind", ""),
+            "first_op_location": first.get("location", ""),
+            "batch_size": int(mini.get("original_batch_size", batch)), "minimised_size": int(batch),
+            "folder": rec.finding or "", "status": "flaky" if flaky else "found",
+            "exit_reason": "triggered_flaky" if flaky else "triggered",
+            "phase": str(getattr(finding, "phase", "forward"))})
+
+
+def _float(x: Any) -> float:
+    return float(x) if x is not None and math.isfinite(x) else float("nan")

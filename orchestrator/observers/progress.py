@@ -1,35 +1,47 @@
-"""Progress on the terminal: a live rich table on a TTY, plain lines elsewhere (ray job logs, CI)."""
+"""The terminal view: a live rich table on a TTY, plain lines elsewhere (ray job logs, CI).
+
+An observer: it prints a line per status change (plain mode), a headline at most every 10 s,
+and redraws the table at most 4 times a second; its counts are kept as transitions come, so a
+turn of the controller costs it O(1), not O(sites).
+"""
 from __future__ import annotations
 
 import math
 import sys
 import time
-from typing import Iterable
+from collections import Counter
 
-from orchestrator.observers.summary import SiteRecord
+from fuzz_core.status import SiteStatus
+from orchestrator.observers.base import Observer
 
 MAX_ROWS = 30
+HEADLINE_S = 10.0
+REDRAW_S = 0.25
 
 
 def _loss(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{x:.4g}"
 
 
-class Progress:
-    def __init__(self, campaign: str, budget_steps: int, time_limit_s: float, enabled: bool = True,
-                 live: bool | None = None, stream=None) -> None:
+class LiveView(Observer):
+    def __init__(self, campaign: str, max_steps: int, time_limit_s: float, enabled: bool = True,
+                 live: bool | None = None, stream=None, started: float | None = None) -> None:
         self.campaign = campaign
-        self.budget = max(1, budget_steps)
+        self.max_steps = max_steps
+        self.budget = 1
         self.time_limit = time_limit_s
         self.enabled = enabled
         self.stream = stream or sys.stderr
         self.live = (self.stream.isatty() if live is None else live) and enabled
-        self._t0 = time.monotonic()
+        self._t0 = time.monotonic() if started is None else started
         self._last_line = 0.0
+        self._last_draw = 0.0
         self._live = None
-        self._last_status: dict[str, str] = {}
+        self.sites: list = []
+        self.counts: Counter = Counter()
+        self.steps = 0
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> "LiveView":
         if self.live:
             from rich.console import Console
             from rich.live import Live
@@ -43,42 +55,69 @@ class Progress:
             self._live.__exit__(*exc)
             self._live = None
 
+    # -- observer -------------------------------------------------------------------------------
     def message(self, text: str) -> None:
         if not self.enabled:
             return
         if self._live is not None:
-            self._live.console.print(text)
+            self._live.console.print(text, markup=False, highlight=False)
         else:
             print(text, file=self.stream, flush=True)
 
-    def update(self, sites: Iterable[SiteRecord], force: bool = False) -> None:
+    def sites_ready(self, sites) -> None:
+        self.sites = list(sites)
+        self.budget = max(1, self.max_steps * len(self.sites))
+        self.counts = Counter(rec.status for rec in self.sites)
+        self.steps = sum(rec.steps for rec in self.sites)
+
+    def quantum(self, rec, result) -> None:
+        self.steps += int(getattr(result, "steps_quantum", 0) or 0)
+
+    def site_changed(self, rec, before) -> None:
+        self.counts[before] -= 1
+        self.counts[rec.status] += 1
+        if self._live is None and rec.status is not SiteStatus.PENDING:
+            reason = f" ({rec.exit_reason.value})" if rec.status.final else ""
+            self.message(f"[{self.campaign}] {rec.site.label} {rec.status.value}{reason} steps={rec.steps} "
+                         f"best_loss={_loss(rec.best_loss)}" + (f" finding={rec.finding}" if rec.finding else ""))
+
+    def known_bug(self, record) -> None:
+        state, before = record.get("state"), record.get("state_before")
+        if state == "regressed" and before != "regressed":
+            self.message(f"REGRESSED: bug {record['signature']} ({record.get('label', '')}), marked fixed, "
+                         f"triggers again: {record.get('reproducer')}")
+        elif state != before:
+            self.message(f"known bug {record['signature']} ({record.get('label', '')}): {before} -> {state}"
+                         + (f": {record['message']}" if record.get("message") else ""))
+
+    def tick(self) -> None:
         if not self.enabled:
             return
-        sites = list(sites)
-        if self._live is not None:
-            self._live.update(self._table(sites))
-            return
-        for rec in sites:   # plain mode: one line per status change, and a heartbeat
-            if self._last_status.get(rec.site.id) != rec.status.value:
-                self._last_status[rec.site.id] = rec.status.value
-                if rec.status.value != "pending":
-                    self.message(f"[{self.campaign}] {rec.site.label} {rec.status.value} steps={rec.steps} "
-                                 f"best_loss={_loss(rec.best_loss)}" + (f" finding={rec.finding}" if rec.finding else ""))
         now = time.monotonic()
-        if force or now - self._last_line > 10:
+        if self._live is not None:
+            if now - self._last_draw >= REDRAW_S:
+                self._last_draw = now
+                self._live.update(self._table())
+        elif now - self._last_line > HEADLINE_S:
             self._last_line = now
-            self.message(self._headline(sites))
+            self.message(self.headline())
 
-    def _headline(self, sites: list[SiteRecord]) -> str:
-        used = sum(r.steps for r in sites)
-        found = sum(1 for r in sites if r.finding)
-        live = sum(1 for r in sites if not r.status.final)
+    def run_ended(self, run) -> None:
+        if self._live is not None:
+            self._live.update(self._table())
+        else:
+            self.message(self.headline())
+
+    # -- rendering ------------------------------------------------------------------------------
+    def headline(self) -> str:
+        found = self.counts[SiteStatus.FOUND] + self.counts[SiteStatus.FLAKY]
+        live = self.counts[SiteStatus.PENDING] + self.counts[SiteStatus.SEARCHING]
         elapsed = time.monotonic() - self._t0
-        return (f"[{self.campaign}] steps {used}/{self.budget} ({100 * used / self.budget:.0f}%), "
-                f"findings {found}, live sites {live}/{len(sites)}, "
+        return (f"[{self.campaign}] steps {self.steps}/{self.budget} ({100 * self.steps / self.budget:.0f}%), "
+                f"findings {found}, live sites {live}/{len(self.sites)}, "
                 f"time {elapsed:.0f}s/{self.time_limit:.0f}s")
 
-    def _table(self, sites: list[SiteRecord]):
+    def _table(self):
         from rich.console import Group
         from rich.progress_bar import ProgressBar
         from rich.table import Table
@@ -86,14 +125,13 @@ class Progress:
         table = Table(title=f"cdeepfuzz · {self.campaign}", expand=False)
         for col in ("site", "status", "steps", "loss", "best", "finding"):
             table.add_column(col, overflow="fold")
-        order = sorted(sites, key=lambda r: (r.status.final, r.status.value != "found", r.site.label))
+        order = sorted(self.sites, key=lambda r: (r.status.final, not r.status.finding, r.site.label))
         for rec in order[:MAX_ROWS]:
-            style = {"found": "bold red", "searching": "cyan", "error": "magenta", "timeout": "magenta"}.get(
-                rec.status.value, "")
+            style = {"found": "bold red", "flaky": "red", "searching": "cyan", "error": "magenta",
+                     "timeout": "magenta"}.get(rec.status.value, "")
             table.add_row(rec.site.label, f"[{style}]{rec.status.value}[/]" if style else rec.status.value,
                           str(rec.steps), _loss(rec.last_loss), _loss(rec.best_loss), rec.finding or "")
         if len(order) > MAX_ROWS:
             table.add_row(f"... {len(order) - MAX_ROWS} more", "", "", "", "", "")
-        used = sum(r.steps for r in sites)
-        bar = ProgressBar(total=self.budget, completed=min(used, self.budget), width=50)
-        return Group(table, bar, self._headline(sites))
+        bar = ProgressBar(total=self.budget, completed=min(self.steps, self.budget), width=50)
+        return Group(table, bar, self.headline())

@@ -25,9 +25,10 @@ backend agrees; values that are not numbers are skipped. The spool writes NaN as
 extension ``NaN``, which Python's ``json`` reads back.
 
 Modules: the writer sends through :mod:`orchestrator.observers.tracking_sender` (which also replays
-a spool, and sets MLflow's HTTP options and SQLite locations); findings are read back and
-triaged by :mod:`orchestrator.observers.tracking_queries`. Those two are the only modules that
-import mlflow.
+a spool, and sets MLflow's HTTP options and SQLite locations); bugs (one MLflow run per signature,
+holding its triage state) are written and read by :mod:`orchestrator.observers.bug_registry`. Those
+two are the only modules that import mlflow; :mod:`orchestrator.observers.mlflow` turns a run's
+transitions into calls of this tracker.
 """
 
 from __future__ import annotations
@@ -228,6 +229,20 @@ class Tracker:
             return
         self._put("end", key, status=status)
         self._open.pop(key, None)
+
+    @_never_raise
+    def note_bug(self, signature: str, name: str, tags: Mapping[str, Any], occurrence_key: str | None) -> None:
+        """An occurrence of bug ``signature`` (found in run ``occurrence_key``): see
+        :func:`orchestrator.observers.bug_registry.note_occurrence`."""
+        self._put("note_bug", f"bug:{signature}", signature=signature, name=name, tags=_str_tags(tags),
+                  occurrence_key=occurrence_key)
+
+    @_never_raise
+    def set_bug_state(self, signature: str, state: str, note: str | None = None,
+                      tags: Mapping[str, Any] | None = None) -> None:
+        """Set a bug's triage state (in its run of ``cdeepfuzz-bugs``, copied onto its occurrences)."""
+        self._put("bug_state", f"bug:{signature}", signature=signature, state=state, note=note,
+                  tags=_str_tags(tags or {}))
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything enqueued so far is sent or spooled; False on timeout."""

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
-__all__ = ["SPOOL_NAME", "SpoolReplay", "default_sqlite_uri", "replay_spool"]
+__all__ = ["SPOOL_NAME", "SpoolReplay", "default_sqlite_uri", "experiment_ids", "replay_spool"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,11 @@ class SpoolReplay:
 def default_sqlite_uri(output_dir: Path | str) -> str:
     """Absolute ``sqlite:///<abs path>/mlflow.db`` URI for a run output folder."""
     return "sqlite:///" + (Path(output_dir).resolve() / "mlflow.db").as_posix()
+
+def experiment_ids(uri: str) -> Callable[[str], str]:
+    """``name -> experiment id`` for ``uri``, creating the experiment (artifacts beside a SQLite store)."""
+    return _Sender(uri)._experiment_id
+
 
 def _chunks(items: list[_T], size: int) -> Iterator[list[_T]]:
     for start in range(0, len(items), size):
@@ -165,7 +170,11 @@ class _Sender:
 
     def annotate(self, rec: Record) -> Record:
         """``rec`` with the run ids known now, so that a replay elsewhere can address them."""
-        return {**rec, "run_id": self._run_id_of(rec), "parent_run_id": self._parent_run_id_of(rec)}
+        out = {**rec, "run_id": self._run_id_of(rec), "parent_run_id": self._parent_run_id_of(rec)}
+        occurrence = (rec.get("args") or {}).get("occurrence_key")
+        if occurrence is not None:
+            out["occurrence_run_id"] = self.known(rec, occurrence) or rec.get("occurrence_run_id")
+        return out
 
     def _experiment_id(self, name: str) -> str:
         if name not in self._experiments:
@@ -252,6 +261,22 @@ class _Sender:
         if not Path(args["local_dir"]).is_dir():
             raise _Permanent(f"artifact folder {args['local_dir']!r} is gone")
         self.client.log_artifacts(rid, args["local_dir"], args["artifact_path"])
+
+    def _do_note_bug(self, rec: Record, args: Record) -> None:
+        from orchestrator.observers.bug_registry import note_occurrence
+
+        occurrence = self.known(rec, args.get("occurrence_key")) or rec.get("occurrence_run_id")
+        rid = note_occurrence(self.client, self._experiment_id, args["signature"], args["name"], args["tags"],
+                              occurrence)
+        self._bind(rec, rid)
+
+    def _do_bug_state(self, rec: Record, args: Record) -> None:
+        from orchestrator.observers.bug_registry import set_state
+
+        rid = set_state(self.client, self._experiment_id, args["signature"], args["state"], args.get("note"),
+                        args.get("tags"))
+        if rid:
+            self._bind(rec, rid)
 
     def _do_end(self, rec: Record, args: Record) -> None:
         self.client.set_terminated(self._rid(rec), status=args["status"], end_time=rec["ts"])

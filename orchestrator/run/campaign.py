@@ -1,33 +1,57 @@
-"""Running a campaign end to end: folders, Ray, MLflow, the controller, summary.json.
+"""Running a campaign end to end: the run folder and its state store, Ray or the driver alone, the
+observers, the reuse phase, the controller, and the exit code.
 
-``run_campaign`` is what ``cdeepfuzz run`` calls; it returns the CLI's exit code:
-0 completed with no finding, 1 findings, 2 usage or configuration error (raised
-as ConfigError before anything starts), 3 a target could not be built or run.
+``run_campaign`` is what ``cdeepfuzz run`` calls; it returns the CLI's exit code (:data:`EXIT_CODES`):
+
+- 0 the campaign completed with no finding;
+- 1 it completed with findings;
+- 2 a usage or configuration error (raised as :class:`ConfigError` before anything starts);
+- 3 a target could not be built or its program raised (3 wins over 1);
+- 4 stopped before completion (SIGTERM, SIGINT / Ctrl-C, or ``time_limit_s``): resume it with
+  ``cdeepfuzz run --resume RUN_FOLDER`` (4 wins over 3 and 1);
+- 5 an internal error of CDeepFuzz itself (a bug to report; 5 wins over everything).
 """
 from __future__ import annotations
 
 import logging
 import math
 import os
+import sqlite3
 import time
-from dataclasses import dataclass
+import traceback
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from fuzz_core.engine import TargetSpec
 from fuzz_core.io import atomic_write_json
 from fuzz_core.search import SearchConfig
-from fuzz_core.status import SiteStatus
-from orchestrator.config import Campaign, ConfigError, cluster_mode
+from fuzz_core.status import ExitReason, RunState, SiteStatus
+from orchestrator.config import Campaign, ConfigError, check_cluster_settings, parse_campaign, resolve_tracking_uri
+from orchestrator.observers.base import Observer, Observers
+from orchestrator.run import failures
 from orchestrator.run.controller import Controller, LoopLimits
 from orchestrator.run.executors import LocalExecutor
-from orchestrator.observers.progress import Progress
-from orchestrator.observers.summary import now, write_summary
+from orchestrator.run.records import RunRecord
+from orchestrator.run.state import FILENAME as STATE_DB
+from orchestrator.run.state import RunStore, StoreError, now
+from orchestrator.run.stopping import StopRequest, StopRun
 from orchestrator.worker import WorkerOptions
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_TARGET = 0, 1, 2, 3
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_TARGET, EXIT_STOPPED, EXIT_INTERNAL = 0, 1, 2, 3, 4, 5
+EXIT_CODES = {
+    EXIT_OK: "completed, no finding",
+    EXIT_FINDINGS: "completed with findings",
+    EXIT_USAGE: "usage or configuration error (nothing started)",
+    EXIT_TARGET: "a target could not be built or its program raised",
+    EXIT_STOPPED: "stopped before completion (SIGTERM, SIGINT, time limit): resume with --resume",
+    EXIT_INTERNAL: "internal error of CDeepFuzz (a bug: please report it)",
+}
+ALLOCATION = "allocation.json"
+STOP_CLOSE_S = 2.0        # MLflow's close under a stop: what is left is spooled (cdeepfuzz sync), not lost
+CLOSE_S = 30.0
 
 
 @dataclass
@@ -40,40 +64,19 @@ class RunOptions:
     output: str | None = None
     resume: str | None = None       # a run folder to continue
     metrics: bool = True            # export live Ray metrics (when connected to Ray)
+    known_bugs: bool = True         # the reuse phase: replay the known bugs of the targets first
+    observers: list[Observer] = field(default_factory=list)   # more subscribers (benchmarks, tests)
 
 
 @dataclass
 class RunOutcome:
     exit_code: int
-    run_dir: Path
-    summary: Path
+    run_dir: Path | None
+    summary: Path | None
     tracking_uri: str | None
     findings: int
-
-
-def explicit_tracking_uri(campaign: Campaign, cli_uri: str | None) -> str | None:
-    """``--tracking-uri``, then ``tracking.uri``, then MLFLOW_TRACKING_URI; None if none is given."""
-    return cli_uri or campaign.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
-
-
-def resolve_tracking_uri(campaign: Campaign, output_root: Path, cli_uri: str | None) -> str:
-    """The URI given (:func:`explicit_tracking_uri`), else SQLite in the output."""
-    uri = explicit_tracking_uri(campaign, cli_uri)
-    if uri:
-        return uri
-    return "sqlite:///" + (output_root.resolve() / "mlflow.db").as_posix()
-
-
-def check_cluster_settings(campaign: Campaign, output: str, uri: str | None, path: Path) -> None:
-    if not cluster_mode():
-        return
-    if not (Path(output).is_absolute() or "://" in output):
-        raise ConfigError(f"{path}: output: on a cluster (RAY_ADDRESS is set) the output must be an absolute "
-                          f"path or a URI, shared by every node (got {output!r})")
-    if campaign.tracking.enabled and uri and not uri.startswith(("http://", "https://", "databricks")):
-        raise ConfigError(f"{path}: tracking.uri: on a cluster (RAY_ADDRESS is set) the tracking URI must be an "
-                          f"MLflow server (http://...), given with --tracking-uri, tracking.uri or "
-                          f"MLFLOW_TRACKING_URI (got {uri!r})")
+    state: RunState = RunState.COMPLETED
+    exit_reason: ExitReason = ExitReason.COMPLETED
 
 
 def make_run_dir(root: Path, name: str) -> Path:
@@ -93,135 +96,211 @@ def target_specs(campaign: Campaign) -> dict[str, TargetSpec]:
             for t in campaign.targets}
 
 
-def run_campaign(campaign: Campaign, path: Path, options: RunOptions = RunOptions()) -> RunOutcome:
-    resume_dir = Path(options.resume) if options.resume else None
-    previous_run: dict = {}
-    previous = None
-    if resume_dir is not None:
-        from orchestrator.run.resume import load_previous
-
-        campaign, previous_run, previous = load_previous(resume_dir)
-        path = Path((previous_run.get("campaign_file") or path))
-    output = options.output or campaign.output
-    explicit_uri = explicit_tracking_uri(campaign, options.tracking_uri)
-    check_cluster_settings(campaign, output, explicit_uri, path)
-    root = resume_dir.parent if resume_dir is not None else Path(output)
-    local = options.local or campaign.resources.num_actors == 0
-    specs = target_specs(campaign)
-    executor = _local_executor(campaign) if local else _ray_executor(campaign, options.address)
-    try:
-        found = executor.discover(list(specs.values()))
-        _raise_contract_errors(found, campaign, path)
-    except BaseException:
-        executor.shutdown()
-        raise
-    root.mkdir(parents=True, exist_ok=True)
-    uri = (previous_run.get("tracking_uri") if previous_run and not explicit_uri else None) or (
-        resolve_tracking_uri(campaign, root, options.tracking_uri) if campaign.tracking.enabled else None)
-    run_dir = resume_dir if resume_dir is not None else make_run_dir(root, campaign.name)
-    tracker = _tracker(uri, campaign, run_dir) if uri else None
-    config = SearchConfig(campaign.search.strategy, campaign.search.max_steps, campaign.search.seed,
-                          campaign.search.search_weights)
-    started = previous_run.get("started") or now()
-    t0 = time.monotonic() - float(previous_run.get("seconds") or 0)
-    with Progress(campaign.name, campaign.search.max_steps, campaign.time_limit_s, options.progress,
-                  options.live) as progress:
-        progress.message(f"cdeepfuzz: campaign {campaign.name} -> {run_dir}" + (" (resumed)" if previous else "")
-                         + (f" (MLflow: {uri})" if uri else ""))
-        ctl = Controller(campaign, run_dir, executor, tracker, _store(root, campaign.name, run_dir.name),
-                         progress, specs, config, LoopLimits(campaign.time_limit_s, campaign.resources.max_restarts),
-                         metrics=options.metrics)
-
-        def summary(state: str, code: int | None = None) -> Path:
-            if tracker is not None:
-                for rec in ctl.sites.values():
-                    rec.mlflow_run_id = rec.mlflow_run_id or tracker.run_id(rec.site.id)
-            run = {"folder": run_dir.as_posix(), "campaign_file": str(path), "started": started, "updated": now(),
-                   "state": state, "seconds": round(time.monotonic() - t0, 3), "exit_code": code,
-                   "tracking_uri": uri, "stopped": ctl.stopped_reason, "executor": "local" if local else "ray",
-                   "mlflow_run_id": (tracker.run_id("campaign") if tracker else None)
-                   or previous_run.get("mlflow_run_id"), "resumed": previous is not None}
-            return write_summary(run_dir, {"name": campaign.name, "file": str(path),
-                                           "config": campaign.model_dump()}, run,
-                                 list(ctl.targets.values()), list(ctl.sites.values()))
-
-        ctl.on_change = lambda: summary("running")
-        end_status = "FAILED"
-        try:
-            if tracker is not None:
-                from orchestrator.config import params
-
-                tracker.start_campaign("campaign", run_dir.name, params(campaign),
-                                       {"campaign": campaign.name, "run.folder": run_dir.name},
-                                       run_id=previous_run.get("mlflow_run_id"))
-            ctl.add_targets(found, previous)
-            progress.budget = max(1, campaign.search.max_steps * len(ctl.sites))
-            if tracker is not None:
-                tracker.flush(10)
-            summary("running")
-            ctl.run()
-            end_status = "KILLED" if ctl.stopped_reason == "interrupted" else "FINISHED"
-        finally:
-            code = exit_code(ctl)
-            atomic_write_json(run_dir / "allocation.json", [a._asdict() for a in ctl.scheduler.allocation_log])
-            if tracker is not None:
-                tracker.set_tags("campaign", {"exit_code": str(code), "findings": str(_findings(ctl))})
-                tracker.end("campaign", end_status)
-                tracker.close(timeout=30, status="KILLED")
-            path_summary = summary("stopped" if ctl.stopped_reason else "completed", code)
-            executor.shutdown()
-        progress.message(f"cdeepfuzz: {_findings(ctl)} finding(s); summary: {path_summary}")
-        if uri:
-            progress.message(f"cdeepfuzz: mlflow ui --backend-store-uri {uri}")
-    return RunOutcome(code, run_dir, path_summary, uri, _findings(ctl))
-
-
-def _raise_contract_errors(found: dict, campaign: Campaign, path: Path) -> None:
-    """A factory that breaks the target contract is a configuration error: exit 2, nothing written."""
-    for i, t in enumerate(campaign.targets):
-        result = found.get(t.name)
-        if isinstance(result, Exception) and getattr(result, "contract", False):
-            raise ConfigError(f"{path}: targets[{i}] ({t.name}): {result}")
-
-
-def _findings(ctl: Controller) -> int:
-    return sum(1 for s in ctl.sites.values() if s.finding)
-
-
-def exit_code(ctl: Controller) -> int:
-    if any(t.status == "error" for t in ctl.targets.values()) or any(
-            s.status is SiteStatus.ERROR for s in ctl.sites.values()):
-        return EXIT_TARGET
-    return EXIT_FINDINGS if _findings(ctl) else EXIT_OK
-
-
 def worker_options(campaign: Campaign) -> WorkerOptions:
     return WorkerOptions(device=campaign.device, search_weights=campaign.search.search_weights,
                          num_threads=max(1, int(math.floor(campaign.resources.num_cpus))),
                          minimise=campaign.search.minimise)
 
 
-def _local_executor(campaign: Campaign) -> LocalExecutor:
-    return LocalExecutor(worker_options(campaign))
+def search_config(campaign: Campaign) -> SearchConfig:
+    return SearchConfig(campaign.search.strategy, campaign.search.max_steps, campaign.search.seed,
+                        campaign.search.search_weights)
 
 
-def _ray_executor(campaign: Campaign, address: str | None):
-    from orchestrator.run.ray_runtime import ensure_ray
+def load_resumable(run_dir: Path) -> tuple[Campaign, RunStore, RunRecord]:
+    """The campaign, store and run record of a run folder to resume (ConfigError when it is not one)."""
+    if not (run_dir / STATE_DB).is_file():
+        raise ConfigError(f"{run_dir}: not a run folder of this CDeepFuzz (no {STATE_DB}; runs written by an "
+                          f"older version cannot be resumed)")
+    try:
+        store = RunStore(run_dir / STATE_DB)
+        record = store.run()
+    except (StoreError, OSError, ValueError, sqlite3.Error) as exc:
+        raise ConfigError(f"{run_dir / STATE_DB}: cannot read it: {exc}") from None
+    if record.state is RunState.COMPLETED:
+        store.close()
+        raise ConfigError(f"{run_dir}: the run completed; nothing to resume")
+    return parse_campaign(record.config, run_dir / STATE_DB), store, record
+
+
+def run_campaign(campaign: Campaign | None, path: Path | None, options: RunOptions = RunOptions()) -> RunOutcome:
+    """Run (or resume) a campaign; SIGTERM and SIGINT stop it cleanly while it runs."""
+    stop = StopRequest()
+    with stop.installed():
+        return _run(campaign, path, options, stop)
+
+
+def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop: StopRequest) -> RunOutcome:
+    resume_dir = Path(options.resume) if options.resume else None
+    store: RunStore | None = None
+    previous: RunRecord | None = None
+    if resume_dir is not None:
+        campaign, store, previous = load_resumable(resume_dir)
+        path = Path(previous.campaign_file or resume_dir)
+    assert campaign is not None and path is not None
+    output = options.output or campaign.output
+    uri = (resolve_tracking_uri(options.tracking_uri, campaign=campaign, run_dir=resume_dir,
+                                output=None) if campaign.tracking.enabled else None)
+    check_cluster_settings(campaign, output, uri, path)
+    root = resume_dir.parent if resume_dir is not None else Path(output)
+    local = options.local or campaign.resources.num_actors == 0
+    specs = target_specs(campaign)
+    executor = (LocalExecutor(worker_options(campaign), campaign.quantum_timeout_s, stop) if local
+                else _ray_executor(campaign, options.address, stop))
+    found: dict = {}
+    if previous is None:
+        try:
+            found = executor.discover(list(specs.values()))
+        except StopRun as exc:
+            executor.shutdown()
+            print(f"cdeepfuzz: stopped ({exc.reason.value}) while discovering the targets' sites; nothing was "
+                  f"written: run the campaign again", flush=True)
+            return RunOutcome(EXIT_STOPPED, None, None, None, 0, RunState.STOPPED, exc.reason)
+        except BaseException:
+            executor.shutdown()
+            raise
+        root.mkdir(parents=True, exist_ok=True)
+        run_dir = make_run_dir(root, campaign.name)
+        store = RunStore(run_dir / STATE_DB)
+    else:
+        run_dir = resume_dir
+    if campaign.tracking.enabled and uri is None:
+        uri = resolve_tracking_uri(None, output=root)
+    record = previous or RunRecord(campaign.name, str(path), campaign.model_dump(), run_dir.as_posix(), now(),
+                                   "local" if local else "ray", tracking_uri=uri)
+    if previous is not None:
+        record.resumed += 1
+        record.state, record.exit_reason, record.exit_code = RunState.RUNNING, ExitReason.NONE, None
+        record.error = record.traceback = None
+        record.tracking_uri = uri
+    store.put_run(record)
+    t0 = time.monotonic() - record.seconds
+    observers, view, summary_writer, tracking = _observers(campaign, run_dir, root, store, record, uri, options, t0)
+    config = search_config(campaign)
+    ctl = Controller(campaign, run_dir, executor, specs, config,
+                     LoopLimits(campaign.time_limit_s, campaign.resources.max_restarts), store, record,
+                     observers, stop)
+    with view:
+        observers.message(f"cdeepfuzz: campaign {campaign.name} -> {run_dir}" + (" (resumed)" if previous else "")
+                          + (f" (MLflow: {uri})" if uri else ""))
+        try:
+            observers.run_started(record, previous is not None)
+            if previous is None:
+                ctl.add_targets(found)
+                if options.known_bugs:
+                    from orchestrator.run.reuse import replay_known_bugs
+
+                    replay_known_bugs(ctl, root, uri)
+            else:
+                ctl.restore()
+            ctl.run(started=t0)
+            record.state = RunState.STOPPED if stop.reason else RunState.COMPLETED
+            record.exit_reason = stop.reason or ExitReason.COMPLETED
+        except (StopRun, KeyboardInterrupt) as exc:     # before the loop (the reuse phase)
+            reason = exc.reason if isinstance(exc, StopRun) else ExitReason.INTERRUPTED
+            stop.request(reason)
+            ctl.run(started=t0)         # records every live site as stopped
+            record.state, record.exit_reason = RunState.STOPPED, reason
+        except Exception as exc:  # noqa: BLE001 - CDeepFuzz itself failed: say so, keep what was written
+            record.state, record.exit_reason = RunState.FAILED, ExitReason.INTERNAL_ERROR
+            record.error = f"{type(exc).__name__}: {exc}"
+            record.traceback = traceback.format_exc()
+            log.debug("internal error", exc_info=True)
+            try:
+                stop.request(ExitReason.INTERNAL_ERROR)
+                ctl.run(started=t0)
+            except Exception:  # noqa: BLE001
+                log.exception("could not record the live sites as stopped")
+        finally:
+            summary = _finish(ctl, record, store, run_dir, t0, observers, summary_writer, tracking, stop)
+            executor.shutdown()
+            store.close()
+        code = record.exit_code
+        for line in _closing_lines(ctl, record, run_dir, summary, uri, observers):
+            observers.message(line)
+    return RunOutcome(code, run_dir, summary, uri, ctl.findings(), record.state, record.exit_reason)
+
+
+def _finish(ctl: Controller, record: RunRecord, store: RunStore, run_dir: Path, t0: float, observers: Observers,
+            summary_writer, tracking, stop: StopRequest) -> Path:
+    """Record the end: targets' roll-up, exit code, allocation.json; the observers end (MLflow runs closed,
+    within seconds under a stop: what is left is spooled); the MLflow ids are persisted; summary.json last."""
+    ctl.finish_targets()
+    record.exit_code = exit_code(ctl, record)
+    record.seconds = round(time.monotonic() - t0, 3)
+    store.put_run(record)
+    atomic_write_json(run_dir / ALLOCATION, [a._asdict() for a in ctl.scheduler.allocation_log])
+    observers.run_ended(record)
+    if tracking is not None:
+        tracker, observer = tracking
+        tracker.close(timeout=STOP_CLOSE_S if stop.reason else CLOSE_S, status="KILLED")
+        observer.refresh_ids()
+        ctl.save_records()
+    return summary_writer.write()
+
+
+def _closing_lines(ctl: Controller, record: RunRecord, run_dir: Path, summary: Path, uri: str | None,
+                   observers: Observers) -> list[str]:
+    lines = [f"cdeepfuzz: {ctl.findings()} finding(s); summary: {summary}"]
+    if observers.failures:
+        lines.append(f"cdeepfuzz: warning: some records could not be written ({observers.failures}); "
+                     f"the run-state store {run_dir / STATE_DB} has everything")
+    if uri:
+        lines.append(f"cdeepfuzz: mlflow ui --backend-store-uri {uri}")
+    if record.state is RunState.FAILED:
+        lines.append(f"cdeepfuzz: INTERNAL ERROR: {record.error} ({failures.BUG_REPORT} in {summary})")
+    if record.state in (RunState.STOPPED, RunState.FAILED):
+        why = ctl.stop_request.signal_name or record.exit_reason.value
+        lines.append(f"cdeepfuzz: stopped before completion ({why}, exit code {record.exit_code}); "
+                     f"continue with: cdeepfuzz run --resume {run_dir}")
+    return lines
+
+
+def exit_code(ctl: Controller, record: RunRecord) -> int:
+    """5 internal error, else 4 stopped, else 3 a target failed, else 1 findings, else 0."""
+    reasons = {t.exit_reason for t in ctl.targets.values()} | {
+        s.exit_reason for s in ctl.sites.values() if s.status is SiteStatus.ERROR}
+    if record.state is RunState.FAILED or ExitReason.INTERNAL_ERROR in reasons:
+        return EXIT_INTERNAL
+    if record.state is RunState.STOPPED:
+        return EXIT_STOPPED
+    if (any(t.status is SiteStatus.ERROR for t in ctl.targets.values())
+            or any(s.status is SiteStatus.ERROR for s in ctl.sites.values())):
+        return EXIT_TARGET
+    return EXIT_FINDINGS if ctl.findings() else EXIT_OK
+
+
+def _observers(campaign: Campaign, run_dir: Path, root: Path, store: RunStore, record: RunRecord,
+               uri: str | None, options: RunOptions, t0: float):
+    from orchestrator.observers.bugstore import BugStoreObserver
+    from orchestrator.observers.metrics import MetricsObserver
+    from orchestrator.observers.parquet import ParquetObserver
+    from orchestrator.observers.progress import LiveView
+    from orchestrator.observers.summary import SummaryObserver
+
+    view = LiveView(campaign.name, campaign.search.max_steps, campaign.time_limit_s, options.progress, options.live,
+                    started=t0)
+    summary = SummaryObserver(run_dir, store, record, started=t0)
+    chain: list[Observer] = [summary, ParquetObserver(root, campaign.name, run_dir.name, campaign.search.strategy),
+                             BugStoreObserver(root), MetricsObserver(campaign.name, options.metrics)]
+    tracking = None
+    if uri:
+        from orchestrator.observers.mlflow import MlflowObserver
+        from orchestrator.observers.tracking import Tracker
+
+        tracker = Tracker(uri, campaign.name, run_dir)
+        observer = MlflowObserver(tracker, campaign, run_dir, root, record)
+        chain.append(observer)
+        tracking = (tracker, observer)
+    chain += [view, *options.observers]
+    return Observers(chain), view, summary, tracking
+
+
+def _ray_executor(campaign: Campaign, address: str | None, stop: StopRequest):
     from orchestrator.run.ray_executor import RayExecutor
+    from orchestrator.run.ray_runtime import ensure_ray
 
     res = campaign.resources
     num_gpus = ensure_ray(address, res)
     return RayExecutor(worker_options(campaign), res.num_actors, res.num_cpus,
-                       res.num_gpus if num_gpus else 0.0, res.max_restarts, campaign.quantum_timeout_s)
-
-
-def _tracker(uri: str, campaign: Campaign, run_dir: Path):
-    from orchestrator.observers.tracking import Tracker
-
-    return Tracker(uri, campaign.name, run_dir)
-
-
-def _store(root: Path, campaign: str, run: str):
-    from orchestrator.observers.parquet import ParquetStore
-
-    return ParquetStore(root, campaign, run)
+                       res.num_gpus if num_gpus else 0.0, res.max_restarts, campaign.quantum_timeout_s, stop)

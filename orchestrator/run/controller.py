@@ -1,36 +1,49 @@
-"""The controller: the only writer. It turns scheduler decisions into executor tasks.
+"""The controller: the only writer. It turns scheduler decisions into executor tasks and records
+every change in the run-state store before its observers hear of it.
 
-Per quantum result, in this order: the finding folder (atomic), its Parquet row,
-the trace shard, the checkpoint, then the scheduler and MLflow hear of it. MLflow
-calls go through the tracker's background writer, so tracking never stalls the loop.
+Per quantum result, in this order: the finding folder (atomic, written once), the checkpoint
+(a new file per step), then one transaction of the run-state store (the site's steps, losses,
+status and checkpoint reference, and the scheduler call that reported it), then the
+observers (summary.json, MLflow, Parquet, the bug store, metrics, the terminal). A site's
+status changes in :meth:`Controller.set_status` alone, and a final status never changes again
+(except ``stopped``, which a resume reopens): each site run is ended once.
+
+Every call to the scheduler is logged in the store, in the same transaction as what caused
+it, so a resumed campaign rebuilds the scheduler by replaying the log (it is pure) and
+re-dispatches the quanta that were in flight: it goes on exactly as the uninterrupted one.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
-import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
-from fuzz_core.dedupe import record_finding
 from fuzz_core.engine import TargetSpec
-from fuzz_core.findings import write_finding
-from fuzz_core.io import atomic_save_arrays, atomic_write_json
+from fuzz_core.findings import REPORT, write_finding
+from fuzz_core.io import atomic_save_arrays, atomic_write_json, load_arrays, read_json
 from fuzz_core.search import SearchConfig
 from fuzz_core.sites import OpSite
-from fuzz_core.status import SiteStatus
+from fuzz_core.status import ExitReason, SiteStatus
+from orchestrator.observers.base import Observer
+from orchestrator.run import failures
 from orchestrator.run.executors import ActorDied, QuantumTimeout, Task
-from orchestrator.observers.metrics import CampaignMetrics
+from orchestrator.run.records import RunRecord, SiteRecord, TargetRecord, target_rollup
+from orchestrator.run.state import RunStore
+from orchestrator.run.stopping import StopRequest, StopRun
 from orchestrator.scheduler import Action, SiteProgress, make_scheduler
-from orchestrator.observers.summary import SiteRecord, TargetRecord
-from orchestrator.worker import QuantumOutcome
+from orchestrator.worker import QuantumOutcome, TargetFailure
 
 log = logging.getLogger(__name__)
 
 MAX_TIMEOUTS = 2      # quanta over their time limit before a site is retired as timeout
 WAIT_S = 0.5
+CHECKPOINTS = "checkpoints"
+FINDINGS = "findings"
 
 
 @dataclass
@@ -52,222 +65,434 @@ def scheduler_options(campaign) -> dict:
     return {"horizon": horizon}
 
 
+class RecordedScheduler:
+    """The campaign's scheduler, with every call logged in the run-state store (for exact resume)."""
+
+    def __init__(self, scheduler, store: RunStore) -> None:
+        self.scheduler, self.store = scheduler, store
+
+    def add_site(self, site_id: str, steps_used: int = 0) -> None:
+        self.store.log_call("add_site", {"site_id": site_id, "steps_used": steps_used})
+        self.scheduler.add_site(site_id, steps_used=steps_used)
+
+    def on_progress(self, progress: SiteProgress) -> None:
+        self.store.log_call("on_progress", dataclasses.asdict(progress))
+        self.scheduler.on_progress(progress)
+
+    def retire(self, site_id: str, status: str) -> None:
+        self.store.log_call("retire", {"site_id": site_id, "status": status})
+        self.scheduler.retire(site_id, status)
+
+    def allocate(self, free_slots: int):
+        self.store.log_call("allocate", {"free_slots": free_slots})
+        return self.scheduler.allocate(free_slots)
+
+    @property
+    def done(self) -> bool:
+        return self.scheduler.done
+
+    @property
+    def allocation_log(self):
+        return self.scheduler.allocation_log
+
+    def save_state(self) -> None:
+        """The policy's own statistics (``state()``, when it has one) beside the log, for people and tools."""
+        state = getattr(self.scheduler, "state", None)
+        if callable(state):
+            self.store.put_scheduler_state(self.scheduler.policy, state())
+
+
+def replay_scheduler(scheduler, calls: list[tuple[str, dict[str, Any]]]) -> None:
+    """Rebuild a scheduler's state by making again, in order, every call a run logged."""
+    for call, args in calls:
+        if call == "on_progress":
+            args = {**args, "losses": tuple(args.get("losses") or ())}
+            scheduler.on_progress(SiteProgress(**args))
+        elif call == "allocate":
+            scheduler.allocate(args["free_slots"])
+        elif call == "add_site":
+            scheduler.add_site(args["site_id"], steps_used=args["steps_used"])
+        elif call == "retire":
+            scheduler.retire(args["site_id"], args["status"])
+        else:
+            raise ValueError(f"unknown scheduler call {call!r} in the run-state store")
+
+
 class Controller:
-    def __init__(self, campaign, run_dir: Path, executor, tracker, store, progress, specs: dict[str, TargetSpec],
-                 config: SearchConfig, limits: LoopLimits, metrics: bool = True) -> None:
+    def __init__(self, campaign, run_dir: Path, executor, specs: dict[str, TargetSpec], config: SearchConfig,
+                 limits: LoopLimits, store: RunStore, run: RunRecord, observers: Observer | None = None,
+                 stop: StopRequest | None = None) -> None:
         self.campaign = campaign
-        self.run_dir = run_dir
+        self.run_dir = Path(run_dir)
         self.executor = executor
-        self.tracker = tracker
-        self.store = store
-        self.progress = progress
         self.specs = specs
         self.config = config
         self.limits = limits
+        self.store = store
+        self.record = run
+        self.observers = observers if observers is not None else Observer()
+        self.stop_request = stop if stop is not None else StopRequest()
         self.targets: dict[str, TargetRecord] = {}
         self.sites: dict[str, SiteRecord] = {}
-        self.scheduler = make_scheduler(campaign.scheduler.policy, max_steps=config.max_steps,
-                                        quantum=campaign.scheduler.quantum,
-                                        **scheduler_options(campaign))
-        self.stopped_reason: str | None = None
-        self.on_change = lambda: None
-        self.metrics = CampaignMetrics(campaign.name, metrics)   # live Ray metrics; a no-op without Ray
+        self._order: dict[str, int] = {}
+        self.scheduler = RecordedScheduler(self._new_scheduler(), store)
+        self._events: list[Callable[[], None]] = []
+        self._garbage: list[str] = []     # checkpoints to delete once the transaction that replaced them commits
+        self._depth = 0
+        self._reported = True          # a report since the last allocate: retirements may be pending
+        self._resubmit: list[SiteRecord] = []
+        self._dispatches = 0
+        self.status_changes = 0          # how many, and the driver's seconds spent on them (store and observers)
+        self.status_seconds = 0.0
 
-    # -- discovery ------------------------------------------------------------------------
-    def add_targets(self, found: dict, previous: dict[str, SiteRecord] | None = None) -> None:
-        """Register the discovered sites (``found``: target name -> sites or TargetFailure)."""
-        previous = previous or {}
-        for name, spec in self.specs.items():
-            rec = self.targets[name] = TargetRecord(name, spec.entry, spec.framework)
-            result = found[name]
-            if isinstance(result, Exception):
-                rec.status, rec.error, rec.traceback = "error", str(result), getattr(result, "tb", None)
-                self.progress.message(f"target {name}: could not be built or run: {result}")
-                continue
-            for site in result:
-                if not site.searched:
-                    rec.recorded.append({"op": site.op, "kind": site.kind, "location": site.location})
-                    continue
-                rec.sites += 1
-                self.add_site(site, previous.get(site.id))
+    def _new_scheduler(self):
+        c = self.campaign
+        return make_scheduler(c.scheduler.policy, max_steps=self.config.max_steps, quantum=c.scheduler.quantum,
+                              **scheduler_options(c))
 
-    def add_site(self, site: OpSite, record: SiteRecord | None = None) -> None:
-        rec = record or SiteRecord(site)
-        self.sites[site.id] = rec
-        if rec.status.final:
-            return
-        self.scheduler.add_site(site.id, steps_used=rec.steps)
-        if self.tracker is not None:
-            self.tracker.start_site(site.id, site.label, site_tags(site, rec.status), run_id=rec.mlflow_run_id)
-
-    # -- the loop -------------------------------------------------------------------------
-    def run(self) -> None:
-        deadline = time.monotonic() + self.limits.time_limit_s
+    # -- transactions -------------------------------------------------------------------------
+    @contextmanager
+    def _txn(self) -> Iterator[None]:
+        """One transaction of the store (nested ones join it); once the outermost one committed, the
+        observers hear of its changes and the checkpoints it replaced are deleted."""
+        self._depth += 1
         try:
-            while not self.scheduler.done:
+            with self.store.transaction():
+                yield
+        except BaseException:
+            if self._depth == 1:
+                self._events, self._garbage = [], []
+            raise
+        finally:
+            self._depth -= 1
+        if self._depth:
+            return
+        events, self._events = self._events, []
+        garbage, self._garbage = self._garbage, []
+        for ref in garbage:
+            self._remove_checkpoint(ref)
+        for event in events:
+            event()
+
+    # -- the one place where a site's status changes -------------------------------------------
+    def set_status(self, rec: SiteRecord, status: SiteStatus, reason: ExitReason = ExitReason.NONE, *,
+                   error: str | None = None, traceback: str | None = None) -> None:
+        t0 = time.perf_counter()
+        before = rec.status
+        if before.final and before is not SiteStatus.STOPPED:
+            raise RuntimeError(f"site {rec.site.label} is already {before.value}: it cannot become {status.value}")
+        if status is before and reason is rec.exit_reason:
+            return
+        rec.status, rec.exit_reason = status, reason
+        if error is not None:
+            rec.error, rec.traceback = error, traceback
+        if status.final and status is not SiteStatus.STOPPED:
+            rec.inflight, rec.state = None, None
+            if rec.checkpoint:
+                self._garbage.append(rec.checkpoint)
+                rec.checkpoint = None
+        with self._txn():
+            self.store.put_site(rec, self._order[rec.site.id])
+            self.store.transition(rec)
+            self._events.append(lambda: self._notify_change(rec, before))
+        self.status_changes += 1
+        self.status_seconds += time.perf_counter() - t0
+
+    def _notify_change(self, rec: SiteRecord, before: SiteStatus) -> None:
+        t0 = time.perf_counter()
+        self.observers.site_changed(rec, before)
+        self.status_seconds += time.perf_counter() - t0
+
+    # -- discovery ------------------------------------------------------------------------------
+    def add_targets(self, found: dict[str, list[OpSite] | BaseException]) -> None:
+        """Register the discovered sites of a new run (``found``: target name -> sites, or its failure)."""
+        with self._txn():
+            for index, (name, spec) in enumerate(self.specs.items()):
+                rec = self.targets[name] = TargetRecord(name, spec.entry, spec.framework)
+                result = found[name]
+                if isinstance(result, BaseException):
+                    failure = (failures.from_target_failure(result) if isinstance(result, TargetFailure)
+                               else failures.from_exception(result))
+                    rec.status, rec.exit_reason = SiteStatus.ERROR, failure.reason
+                    rec.error, rec.traceback = failure.message, failure.traceback
+                    self.store.put_target(rec, index)
+                    self._events.append(lambda rec=rec, f=failure: (
+                        self.observers.target_added(rec),
+                        self.observers.message(failures.describe(f"target {rec.name}", f))))
+                    continue
+                for site in result:
+                    if not site.searched:
+                        rec.recorded.append({"op": site.op, "kind": site.kind, "location": site.location})
+                        continue
+                    rec.sites += 1
+                    self._add_site(SiteRecord(site))
+                self.store.put_target(rec, index)
+                self._events.append(lambda rec=rec: self.observers.target_added(rec))
+        self.observers.sites_ready(list(self.sites.values()))
+
+    def _add_site(self, rec: SiteRecord) -> None:
+        self._order[rec.site.id] = len(self._order)
+        self.sites[rec.site.id] = rec
+        self.scheduler.add_site(rec.site.id, steps_used=rec.steps)
+        self.store.put_site(rec, self._order[rec.site.id])
+        self._events.append(lambda: self.observers.site_added(rec))
+
+    def restore(self) -> None:
+        """Reload a run from its store: the records, the scheduler (by replaying its log), the checkpoints;
+        stopped sites are reopened and the quanta in flight are dispatched again first."""
+        self.targets = {t.name: t for t in self.store.targets()}
+        replay_scheduler(self.scheduler.scheduler, self.store.scheduler_log())
+        for index, rec in enumerate(self.store.sites()):
+            self._order[rec.site.id] = index
+            self.sites[rec.site.id] = rec
+            if rec.checkpoint:
+                rec.state = self._load_checkpoint(rec.checkpoint)
+        for target in self.targets.values():
+            self.observers.target_added(target)
+        for rec in self.sites.values():
+            self.observers.site_added(rec)
+        for rec in self.sites.values():
+            if rec.status is SiteStatus.STOPPED:
+                self.set_status(rec, SiteStatus.SEARCHING if rec.steps or rec.inflight else SiteStatus.PENDING)
+        self._resubmit = sorted((r for r in self.sites.values() if r.inflight and not r.status.final),
+                                key=lambda r: r.inflight.get("seq", 0))
+        self._reported = not self._resubmit     # killed after a report: its allocation is still to come
+        self._dispatches = max([r.inflight.get("seq", 0) for r in self._resubmit] + [0])
+        self.observers.sites_ready(list(self.sites.values()))
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self, started: float | None = None) -> None:
+        """Search until every site is final, the time limit passes or a stop is asked; then record
+        every live site as stopped (with the reason)."""
+        t0 = time.monotonic() if started is None else started
+        deadline = t0 + self.limits.time_limit_s
+        stop = self.stop_request
+        try:
+            while not self.scheduler.done and stop.reason is None:
                 if time.monotonic() > deadline:
-                    self.stopped_reason = "time limit"
+                    stop.request(ExitReason.TIME_LIMIT)
                     break
                 self._dispatch()
                 for task, outcome in self.executor.wait(WAIT_S):
                     self._handle(task, outcome)
-                self.progress.update(self.sites.values())
+                self.observers.tick()
+        except StopRun as exc:
+            stop.request(exc.reason)
         except KeyboardInterrupt:
-            self.stopped_reason = "interrupted"
-        if self.stopped_reason:
+            stop.request(ExitReason.INTERRUPTED)
+        if stop.reason is not None:
+            self._stop_live(stop.reason)
+
+    def _stop_live(self, reason: ExitReason) -> None:
+        with self._txn():
             for rec in self.sites.values():
                 if not rec.status.final:
-                    self._finish(rec, SiteStatus.STOPPED, end="KILLED")
-        self.progress.update(self.sites.values(), force=True)
+                    self.set_status(rec, SiteStatus.STOPPED, reason)
 
     def _dispatch(self) -> None:
-        free = self.executor.slots - self.executor.running
-        for decision in self.scheduler.allocate(max(0, free)):
-            rec = self.sites[decision.site_id]
-            if decision.action is Action.RETIRE_FOUND:
-                continue                              # already finished when its finding was written
-            if decision.action is Action.RETIRE_EXHAUSTED:
-                self._finish(rec, SiteStatus.EXHAUSTED)
-                continue
-            rec.status = SiteStatus.SEARCHING
-            self.executor.submit(Task(rec.site, self.specs[rec.site.target], self.config, decision.steps,
-                                      refresh=decision.action is Action.REFRESH, checkpoint=rec.checkpoint))
+        free = max(0, self.executor.slots - self.executor.running)
+        tasks: list[Task] = []
+        with self._txn():
+            while self._resubmit and free:          # quanta a killed driver left in flight, as they were
+                rec = self._resubmit.pop(0)
+                tasks.append(self._task(rec, rec.inflight["action"] == Action.REFRESH.value, rec.inflight["steps"]))
+                free -= 1
+            if not self._resubmit and (free or self._reported):
+                self._reported = False
+                for decision in self.scheduler.allocate(free):
+                    rec = self.sites[decision.site_id]
+                    retired = _RETIREMENTS.get(decision.action.name)
+                    if retired is not None:
+                        if not rec.status.final:
+                            self.set_status(rec, *retired)
+                        continue
+                    self._dispatches += 1
+                    rec.inflight = {"action": decision.action.value, "steps": decision.steps,
+                                    "seq": self._dispatches}
+                    if rec.status is SiteStatus.PENDING:
+                        self.set_status(rec, SiteStatus.SEARCHING)
+                    self.store.put_site(rec, self._order[rec.site.id])
+                    tasks.append(self._task(rec, decision.action is Action.REFRESH, decision.steps))
+        for task in tasks:
+            self.executor.submit(task)
 
+    def _task(self, rec: SiteRecord, refresh: bool, steps: int) -> Task:
+        return Task(rec.site, self.specs[rec.site.target], self.config, steps, refresh=refresh, checkpoint=rec.state)
+
+    # -- results ----------------------------------------------------------------------------------
     def _handle(self, task: Task, outcome: QuantumOutcome | BaseException) -> None:
         rec = self.sites[task.site.id]
         if isinstance(outcome, QuantumOutcome):
             self._quantum(rec, outcome)
             return
-        if isinstance(outcome, QuantumTimeout):
-            rec.timeouts += 1
-            if rec.timeouts >= MAX_TIMEOUTS:
-                rec.error = f"{rec.timeouts} quanta over the time limit"
-                self._retire(rec, SiteStatus.TIMEOUT)
+        self._reported = True
+        with self._txn():
+            rec.inflight = None
+            if isinstance(outcome, QuantumTimeout):
+                rec.timeouts += 1
+                if rec.timeouts >= MAX_TIMEOUTS:
+                    self._retire(rec, SiteStatus.TIMEOUT, ExitReason.QUANTUM_TIMEOUT,
+                                 error=f"{rec.timeouts} quanta over the time limit ({outcome})")
+                    return
+            elif isinstance(outcome, ActorDied):
+                rec.deaths += 1
+                if rec.deaths > self.limits.max_deaths:
+                    self._retire(rec, SiteStatus.ERROR, ExitReason.ACTOR_DIED,
+                                 error=f"its actor died {rec.deaths} times: {outcome}")
+                    return
+            else:
+                failure = _failure_of(outcome)
+                self._retire(rec, SiteStatus.ERROR, failure.reason, error=failure.message, traceback=failure.traceback)
+                self._events.append(lambda: self.observers.message(failures.describe(f"site {rec.site.label}", failure)))
                 return
-        elif isinstance(outcome, ActorDied):
-            rec.deaths += 1
-            if rec.deaths > self.limits.max_deaths:
-                rec.error = f"its actor died {rec.deaths} times: {outcome}"
-                self._retire(rec, SiteStatus.ERROR)
-                return
-        else:
-            rec.error = "".join(traceback.format_exception_only(type(outcome), outcome)).strip()
-            self._retire(rec, SiteStatus.ERROR)
-            return
-        log.info("%s: %s; resuming from its checkpoint", rec.site.label, outcome)
-        self.scheduler.on_progress(SiteProgress(rec.site.id, rec.steps, (), rec.best_loss, False))
+            log.info("%s: %s; resuming from its checkpoint", rec.site.label, outcome)
+            self.store.put_site(rec, self._order[rec.site.id])
+            self.scheduler.on_progress(SiteProgress(rec.site.id, rec.steps, (), rec.best_loss, False))
 
     def _quantum(self, rec: SiteRecord, out: QuantumOutcome) -> None:
         result = out.result
-        rec.steps, rec.seconds = result.steps, result.seconds
-        rec.best_loss = min(rec.best_loss, result.best_loss)
-        if result.trace:
-            rec.last_loss = result.trace[-1].suspect_loss
-        self.metrics.quantum(rec.site, rec.last_loss, rec.best_loss, rec.steps, len(result.trace))
-        if out.finding is not None:
-            self._write_finding(rec, out.finding)
-        self._write_trace(rec, result.trace)
-        if out.checkpoint is not None:
-            rec.checkpoint = out.checkpoint
-            self._write_checkpoint(rec, out.checkpoint)
-        status = result.status
-        if status is SiteStatus.FOUND and out.finding is None:
-            status = SiteStatus.SEARCHING
-        if status in (SiteStatus.ERROR, SiteStatus.UNREACHABLE):
-            rec.error = result.error
-            self._retire(rec, status)
-            return
-        losses = tuple(p.suspect_loss for p in result.trace)
-        self.scheduler.on_progress(SiteProgress(rec.site.id, result.steps, losses, rec.best_loss,
-                                                out.finding is not None, log_space=result.log_space))
-        if out.finding is not None:
-            self._finish(rec, SiteStatus.FOUND)
-        elif status is SiteStatus.EXHAUSTED:
-            self._finish(rec, SiteStatus.EXHAUSTED)
+        self._reported = True
+        folder = self._write_finding(rec, out.finding) if out.finding is not None else None
+        with self._txn():
+            if out.checkpoint is not None:
+                if rec.checkpoint:
+                    self._garbage.append(rec.checkpoint)
+                rec.checkpoint = self._write_checkpoint(rec, out.checkpoint)
+                rec.state = out.checkpoint
+            rec.inflight = None
+            rec.steps, rec.seconds = result.steps, result.seconds
+            rec.best_loss = min(rec.best_loss, result.best_loss)
+            if result.trace:
+                rec.last_loss = result.trace[-1].suspect_loss
+            if folder is not None:
+                rec.finding = folder.relative_to(self.run_dir).as_posix()
+            status, reason, failure = _outcome_status(result, out.finding)
+            losses = tuple(p.suspect_loss for p in result.trace)
+            self.scheduler.on_progress(SiteProgress(rec.site.id, result.steps, losses, rec.best_loss,
+                                                    out.finding is not None, log_space=result.log_space))
+            self.store.put_site(rec, self._order[rec.site.id])
+            self._events.append(lambda: self.observers.quantum(rec, result))
+            if out.finding is not None:
+                self._events.append(lambda: self.observers.finding(rec, out.finding, folder))
+            if status.final:
+                self._retire(rec, status, reason, error=failure and failure.message,
+                             traceback=failure and failure.traceback)
+                if failure is not None:
+                    self._events.append(lambda: self.observers.message(
+                        failures.describe(f"site {rec.site.label}", failure)))
 
-    # -- writing ----------------------------------------------------------------------------
-    def _write_finding(self, rec: SiteRecord, finding) -> None:
-        folder = self.run_dir / "findings" / finding.folder_name
+    def _retire(self, rec: SiteRecord, status: SiteStatus, reason: ExitReason, *, error: str | None = None,
+                traceback: str | None = None) -> None:
+        """A site ends on the controller's own finding: the scheduler hears it once, the records once."""
+        with self._txn():
+            self.scheduler.retire(rec.site.id, status.value)
+            self.set_status(rec, status, reason, error=error, traceback=traceback)
+
+    # -- writing ---------------------------------------------------------------------------------
+    def _write_finding(self, rec: SiteRecord, finding) -> Path:
+        """The finding folder, written once: a driver killed after writing it and resumed finds it again
+        at the same step, and keeps the folder it wrote."""
+        folder = self.run_dir / FINDINGS / finding.folder_name
+        report = folder / REPORT
+        if report.is_file():
+            try:
+                old = read_json(report)
+                if old.get("site", {}).get("id") == rec.site.id and int(old.get("step", -1)) == finding.step:
+                    return folder
+            except (OSError, ValueError):
+                pass
         write_finding(finding, folder, display=folder)
-        record_finding(self.run_dir.parent, folder)      # one bug per signature: <output>/bugs/<signature>/
-        rec.finding = folder.relative_to(self.run_dir).as_posix()
-        if self.store is not None:
-            self.store.write_finding(finding_row(finding, rec))
-        if self.tracker is not None:
-            self.tracker.log_artifacts(rec.site.id, folder, artifact_path="finding")
-            self.tracker.set_tags(rec.site.id, {"hazard": finding.site.hazard, "trigger": finding.trigger,
-                                                "training": str(finding.training).lower(),
-                                                "signature": finding.signature, "triage": "new",
-                                                "steps": str(finding.step),
-                                                "first_op": (finding.first_op or {}).get("kind", ""),
-                                                "finding.folder": str(folder)})
-        self.metrics.finding(rec.site)
-        self.progress.message(f"FOUND {rec.site.label} ({rec.site.hazard}) at step {finding.step}: {folder}")
+        return folder
 
-    def _write_trace(self, rec: SiteRecord, trace) -> None:
-        if not trace:
-            return
-        if self.store is not None:
-            self.store.write_traces([trace_row(rec.site, p, self.config.strategy) for p in trace])
-        if self.tracker is not None:
-            rows = []
-            for p in trace:
-                rows += [("suspect_loss", p.suspect_loss, p.step), ("best_loss", p.best_loss, p.step),
-                         ("grad_norm", p.grad_norm, p.step)]
-            self.tracker.log_metrics(rec.site.id, rows)
-
-    def _write_checkpoint(self, rec: SiteRecord, checkpoint) -> None:
+    def _write_checkpoint(self, rec: SiteRecord, checkpoint) -> str:
         arrays, meta = checkpoint
-        arrays_path, meta_path = checkpoint_paths(self.run_dir, rec.site.id)
-        atomic_save_arrays(arrays_path, arrays)
-        atomic_write_json(meta_path, meta)
+        name = f"{rec.site.id}-{int(meta.get('step', rec.steps)):09d}"
+        folder = self.run_dir / CHECKPOINTS
+        atomic_save_arrays(folder / f"{name}.safetensors", arrays)
+        atomic_write_json(folder / f"{name}.json", meta)
+        return f"{CHECKPOINTS}/{name}.safetensors"
 
-    def _retire(self, rec: SiteRecord, status: SiteStatus) -> None:
-        self.scheduler.retire(rec.site.id, status.value)
-        self._finish(rec, status, end="FAILED" if status in (SiteStatus.ERROR, SiteStatus.TIMEOUT) else "FINISHED")
+    def _load_checkpoint(self, ref: str):
+        arrays_path = self.run_dir / ref
+        meta_path = arrays_path.with_suffix(".json")
+        if not (arrays_path.is_file() and meta_path.is_file()):
+            raise FileNotFoundError(f"{arrays_path}: the checkpoint the run-state store names is missing")
+        return load_arrays(arrays_path), read_json(meta_path)
 
-    def _finish(self, rec: SiteRecord, status: SiteStatus, end: str = "FINISHED") -> None:
-        rec.status = status
-        rec.checkpoint = None
-        if self.tracker is not None:
-            tags: dict[str, Any] = {"status": status.value, "steps": str(rec.steps)}
-            if rec.error:
-                tags["error"] = rec.error[:4000]
-            self.tracker.set_tags(rec.site.id, tags)
-            self.tracker.end(rec.site.id, end)
-        self.on_change()
+    def _remove_checkpoint(self, ref: str | None) -> None:
+        if not ref:
+            return
+        path = self.run_dir / ref
+        for p in (path, path.with_suffix(".json")):
+            p.unlink(missing_ok=True)
 
+    # -- the end ------------------------------------------------------------------------------------
+    def finish_targets(self) -> None:
+        """Each target's status from its sites' (a target that broke stays ``error``)."""
+        by_target: dict[str, list[SiteRecord]] = {}
+        for rec in self.sites.values():
+            by_target.setdefault(rec.site.target, []).append(rec)
+        with self._txn():
+            for index, target in enumerate(self.targets.values()):
+                target.status, target.exit_reason = target_rollup(target, by_target.get(target.name, []))
+                self.store.put_target(target, index)
+            for rec in self.sites.values():
+                self.store.put_site(rec, self._order[rec.site.id])
+            self.scheduler.save_state()
+            self.store.put_run(self.record)
 
-def checkpoint_paths(run_dir: Path, site_id: str) -> tuple[Path, Path]:
-    """Where a site's last checkpoint is kept in a run folder: its arrays, its metadata."""
-    folder = run_dir / "checkpoints"
-    return folder / f"{site_id}.safetensors", folder / f"{site_id}.json"
+    def save_records(self) -> None:
+        """Persist every site and the run as they are now (what observers learned: MLflow run ids)."""
+        with self._txn():
+            for rec in self.sites.values():
+                self.store.put_site(rec, self._order[rec.site.id])
+            self.store.put_run(self.record)
 
-
-def site_tags(site: OpSite, status: SiteStatus) -> dict[str, str]:
-    return {"site.id": site.id, "site.op": site.op, "site.kind": site.kind, "site.location": site.location,
-            "site.target": site.target, "site.label": site.label, "status": status.value,
-            "hazard": site.hazard}
-
-
-def trace_row(site: OpSite, p, strategy: str) -> dict[str, Any]:
-    return {"site_id": site.id, "target": site.target, "op": site.op, "step": p.step,
-            "suspect_loss": _f(p.suspect_loss), "best_loss": _f(p.best_loss), "grad_norm": _f(p.grad_norm),
-            "strategy": strategy, "event": p.event, "triggered": p.triggered, "wall_s": p.wall_s}
-
-
-def finding_row(finding, rec: SiteRecord) -> dict[str, Any]:
-    first = finding.first_op or {}
-    mini = finding.minimised or {}
-    batch = next(iter(finding.inputs.values())).shape[0] if finding.inputs else 0
-    return {"site_id": finding.site.id, "target": finding.site.target, "op": finding.site.op,
-            "hazard": finding.site.hazard, "location": finding.site.location, "signature": finding.signature,
-            "steps": finding.step, "seconds": finding.seconds, "trigger": finding.trigger,
-            "training": finding.training, "first_op": first.get("kind", ""),
-            "first_op_location": first.get("location", ""),
-            "batch_size": int(mini.get("original_batch_size", batch)), "minimised_size": int(batch),
-            "folder": rec.finding or ""}
+    def findings(self) -> int:
+        return sum(1 for s in self.sites.values() if s.status.finding)
 
 
-def _f(x: float) -> float:
+_RETIREMENTS = {
+    "RETIRE_EXHAUSTED": (SiteStatus.EXHAUSTED, ExitReason.BUDGET_SPENT),
+    "RETIRE_NO_PROGRESS": (SiteStatus.RETIRED, ExitReason.NO_PROGRESS),
+    "RETIRE_FOUND": (SiteStatus.FOUND, ExitReason.TRIGGERED),     # never reached: a finding retires its site
+}
+
+
+def _outcome_status(result, finding) -> tuple[SiteStatus, ExitReason, failures.Failure | None]:
+    """The status, exit reason and (for an error) classified failure a quantum's result implies."""
+    if finding is not None:
+        flaky = bool(getattr(finding, "flaky", False))
+        return ((SiteStatus.FLAKY, ExitReason.TRIGGERED_FLAKY) if flaky
+                else (SiteStatus.FOUND, ExitReason.TRIGGERED)) + (None,)
+    status = result.status
+    given = getattr(result, "exit_reason", ExitReason.NONE)
+    if status is SiteStatus.ERROR:
+        failure = failures.from_quantum_error(result.error)
+        if given not in (ExitReason.NONE, failure.reason):
+            failure = dataclasses.replace(failure, reason=given)
+        return SiteStatus.ERROR, failure.reason, failure
+    if status in (SiteStatus.FOUND, SiteStatus.FLAKY):     # a candidate that did not replay: go on
+        return SiteStatus.SEARCHING, ExitReason.NONE, None
+    if status is SiteStatus.UNREACHABLE:
+        return status, ExitReason.UNREACHABLE, None
+    if status is SiteStatus.EXHAUSTED:
+        return status, given if given is not ExitReason.NONE else ExitReason.BUDGET_SPENT, None
+    if status is SiteStatus.RETIRED:
+        return status, given if given is not ExitReason.NONE else ExitReason.NO_PROGRESS, None
+    if status is SiteStatus.TIMEOUT:
+        return status, ExitReason.QUANTUM_TIMEOUT, None
+    return SiteStatus.SEARCHING, ExitReason.NONE, None
+
+
+def _failure_of(outcome: BaseException) -> failures.Failure:
+    """A task that raised: the user's target (a TargetFailure, also inside a RayTaskError) or the tool."""
+    cause = getattr(outcome, "cause", None)
+    for exc in (outcome, cause):
+        if isinstance(exc, TargetFailure):
+            return failures.from_target_failure(exc)
+    return failures.from_exception(cause if isinstance(cause, BaseException) else outcome)
+
+
+def finite(x: float) -> float:
     return float(x) if x is not None and math.isfinite(x) else float("nan")

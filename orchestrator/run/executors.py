@@ -8,14 +8,18 @@ decides; executors only execute.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from collections import deque
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from fuzz_core.engine import TargetSpec
 from fuzz_core.search import SearchConfig
 from fuzz_core.sites import OpSite
+from orchestrator.run.replays import KnownBug, ReplayOutcome, replay_known
 from orchestrator.worker import QuantumOutcome, TargetFailure, Worker, WorkerOptions
 
 log = logging.getLogger(__name__)
@@ -41,12 +45,45 @@ class ActorDied(Exception):
     """The actor running a quantum died (crash, segfault, out of memory, node lost)."""
 
 
-class LocalExecutor:
-    """Runs every quantum in the driver process, one at a time (``num_actors: 0``)."""
+class _OverTime(BaseException):
+    """Raised by the alarm inside a quantum run in the driver that went past its time limit."""
 
-    def __init__(self, options: WorkerOptions) -> None:
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`_OverTime` in this (the main) thread once ``seconds`` have passed (SIGALRM).
+
+    Python code of a program is interrupted wherever it is, sleeps included; a single call into C
+    that never returns to the interpreter is not (a Ray actor, which is killed, stops it too)."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def over(_signum, _frame):
+        raise _OverTime()
+
+    previous = signal.signal(signal.SIGALRM, over)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class LocalExecutor:
+    """Runs every quantum in the driver process, one at a time (``num_actors: 0`` or ``--local``).
+
+    A quantum over ``quantum_timeout_s`` is interrupted (:func:`time_limit`) and reported as
+    :class:`QuantumTimeout`, as a Ray actor's would be; the worker forgets that target's state,
+    so the next quantum rebuilds it. ``stop`` (a :class:`~orchestrator.run.stopping.StopRequest`)
+    lets SIGTERM/SIGINT interrupt a quantum at once."""
+
+    def __init__(self, options: WorkerOptions, quantum_timeout_s: float = 0.0, stop=None) -> None:
         self.worker = Worker(options)
         self.slots = 1
+        self.timeout = quantum_timeout_s
+        self.stop = stop
         self._queue: deque[Task] = deque()
 
     @property
@@ -54,7 +91,22 @@ class LocalExecutor:
         return len(self._queue)
 
     def discover(self, specs: list[TargetSpec]) -> dict[str, list[OpSite] | TargetFailure]:
-        return {spec.name: self.worker.try_discover(spec) for spec in specs}
+        """Each target's sites, or its failure; a factory or first pass over the time limit fails its target."""
+        out: dict[str, list[OpSite] | TargetFailure] = {}
+        for spec in specs:
+            interruptible = self.stop.interruptible() if self.stop is not None else nullcontext()
+            try:
+                with interruptible, time_limit(self.timeout):
+                    out[spec.name] = self.worker.try_discover(spec)
+            except _OverTime:
+                self.worker.runners.pop(spec.name, None)
+                out[spec.name] = TargetFailure(
+                    f"building and running the target once took over {self.timeout:g}s (quantum_timeout_s): "
+                    f"it hangs, or needs a longer limit", "")
+        return out
+
+    def replay(self, bugs: list[KnownBug]) -> list[ReplayOutcome]:
+        return [replay_known(self.worker, bug) for bug in bugs]
 
     def submit(self, task: Task) -> None:
         self._queue.append(task)
@@ -63,13 +115,32 @@ class LocalExecutor:
         if not self._queue:
             return []
         task = self._queue.popleft()
+        task.started = time.monotonic()
+        interruptible = self.stop.interruptible() if self.stop is not None else nullcontext()
         try:
-            return [(task, self.worker.run(task.spec, task.site, task.config, task.steps, task.refresh,
-                                           task.checkpoint))]
-        except BaseException as exc:  # noqa: BLE001 - handed to the controller
-            if isinstance(exc, KeyboardInterrupt):
-                raise
+            with interruptible, time_limit(self.timeout):
+                outcome = self.worker.run(task.spec, task.site, task.config, task.steps, task.refresh,
+                                          task.checkpoint)
+            return [(task, outcome)]
+        except _OverTime:
+            self._forget(task)
+            log.warning("quantum of %s over %.0fs: interrupted", task.site.label, self.timeout)
+            return [(task, QuantumTimeout(f"quantum over {self.timeout:g}s"))]
+        except Exception as exc:  # noqa: BLE001 - handed to the controller
+            self._forget(task)
             return [(task, exc)]
+        except BaseException:     # a stop (StopRun) or Ctrl-C: the site resumes from its last checkpoint
+            self._forget(task)
+            raise
+
+    def _forget(self, task: Task) -> None:
+        """A quantum cut short leaves its target half-way through a step: rebuild it next time, and resume
+        every site of it from its checkpoint (which the controller sends with each task)."""
+        for site_id, search in list(self.worker.searches.items()):
+            if site_id == task.site.id or getattr(search.site, "target", None) == task.spec.name:
+                del self.worker.searches[site_id]
+        self.worker.owner.pop(task.spec.name, None)
+        self.worker.runners.pop(task.spec.name, None)
 
     def shutdown(self) -> None:
         self.worker.runners.clear()

@@ -20,6 +20,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from fuzz_core.engine import TargetSpec
 from fuzz_core.sites import OpSite
 from orchestrator.run.executors import ActorDied, QuantumTimeout, Task
+from orchestrator.run.replays import KnownBug, ReplayOutcome, replay_known
+from orchestrator.run.stopping import StopRun
 from orchestrator.worker import QuantumOutcome, TargetFailure, Worker, WorkerOptions
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,9 @@ class SiteActor:
 
     def run(self, task: Task) -> QuantumOutcome:
         return self.worker.run(task.spec, task.site, task.config, task.steps, task.refresh, task.checkpoint)
+
+    def replay(self, bugs: list[KnownBug]) -> list[ReplayOutcome]:
+        return [replay_known(self.worker, bug) for bug in bugs]
 
     def pid(self) -> int:
         return os.getpid()
@@ -66,7 +71,8 @@ def _with_gpu_share(options: WorkerOptions) -> WorkerOptions:
 
 class RayExecutor:
     def __init__(self, options: WorkerOptions, num_actors: int, num_cpus: float, num_gpus: float,
-                 max_restarts: int, quantum_timeout_s: float) -> None:
+                 max_restarts: int, quantum_timeout_s: float, stop=None) -> None:
+        self.stop = stop
         env = {"CDEEPFUZZ_GPU_SHARE": str(num_gpus)} if num_gpus else {}
         actor_options = dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
                              max_task_retries=0, runtime_env={"env_vars": env} if env else None)
@@ -91,13 +97,45 @@ class RayExecutor:
         return len(self.busy)
 
     def discover(self, specs: list[TargetSpec]) -> dict[str, list[OpSite] | TargetFailure]:
-        refs = {spec.name: self.actors[i % len(self.actors)].discover.remote(spec) for i, spec in enumerate(specs)}
+        """Each target's sites, or its failure; a target whose discovery runs past the quantum time limit
+        fails (its actor is killed). A stop request (SIGTERM, SIGINT) raises :class:`StopRun`."""
+        pending = {self.actors[i % len(self.actors)].discover.remote(spec): (spec, i % len(self.actors))
+                   for i, spec in enumerate(specs)}
         out: dict[str, list[OpSite] | TargetFailure] = {}
-        for name, ref in refs.items():
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            if self.stop is not None and self.stop.reason is not None:
+                raise StopRun(self.stop.reason)
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0.5)
+            for ref in ready:
+                spec, _index = pending.pop(ref)
+                try:
+                    out[spec.name] = ray.get(ref)
+                except (RayActorError, RayTaskError) as exc:
+                    out[spec.name] = TargetFailure(f"discovery failed: {str(exc).splitlines()[0]}", str(exc))
+            if pending and time.monotonic() > deadline:
+                for ref, (spec, index) in pending.items():
+                    ray.kill(self.actors[index], no_restart=False)
+                    out[spec.name] = TargetFailure(
+                        f"building and running the target once took over {self.timeout:g}s "
+                        f"(quantum_timeout_s): it hangs, or needs a longer limit", "")
+                pending = {}
+        return {spec.name: out[spec.name] for spec in specs}
+
+    def replay(self, bugs: list[KnownBug]) -> list[ReplayOutcome]:
+        """Replay known bugs on the actors, each target's bugs on one actor (which builds it once)."""
+        by_target: dict[str, list[KnownBug]] = {}
+        for bug in bugs:
+            by_target.setdefault(bug.spec.name, []).append(bug)
+        refs = [(group, self.actors[i % len(self.actors)].replay.remote(group))
+                for i, group in enumerate(by_target.values())]
+        out: list[ReplayOutcome] = []
+        for group, ref in refs:
             try:
-                out[name] = ray.get(ref)
+                out += ray.get(ref)
             except (RayActorError, RayTaskError) as exc:
-                out[name] = TargetFailure(f"discovery failed: {exc}", str(exc))
+                out += [ReplayOutcome(b.signature, None, error=f"the replay failed: {str(exc).splitlines()[0]}",
+                                      traceback=str(exc)) for b in group]
         return out
 
     def free_actor(self, site_id: str) -> int | None:

@@ -1,0 +1,62 @@
+"""Replaying a known bug's reproducer on the target as it is now (the reuse phase's unit of work).
+
+It runs where the target can be built: in the driver with ``--local``, on an actor otherwise
+(the reproducer's values travel with the task, so the actor needs no shared disk).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fuzz_core.backends.base import RunnerOptions
+from fuzz_core.engine import TargetSpec, build_runner, confirmed, replay
+from fuzz_core.findings import LoadedFinding
+
+
+@dataclass
+class KnownBug:
+    """A bug of a campaign's target, with its smallest reproducer, to replay on today's code."""
+
+    signature: str
+    state: str                          # its triage state before the replay
+    spec: TargetSpec                    # the campaign's spec of the target
+    seed: int                           # the seed the reproducer's factory was called with
+    report: dict[str, Any]              # the reproducer's finding.json
+    inputs: dict[str, np.ndarray]
+    values_state: dict[str, np.ndarray] | None
+    folder: str                         # the reproducer folder, for the record
+
+
+@dataclass
+class ReplayOutcome:
+    signature: str
+    reproduced: bool | None             # None: the target could not be built, or the replay raised
+    first_op: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+
+
+def replay_known(worker, bug: KnownBug) -> ReplayOutcome:
+    """Replay ``bug`` with ``worker``'s runner of its target (or a fresh one for another seed)."""
+    from orchestrator.run.failures import from_exception
+
+    try:
+        if bug.seed == bug.spec.seed:
+            runner = worker.runner(bug.spec)
+        else:
+            runner = build_runner(dataclasses.replace(bug.spec, seed=bug.seed),
+                                  RunnerOptions(device=worker.options.device))
+        loaded = LoadedFinding(Path(bug.folder), bug.report, bug.inputs, bug.values_state)
+        result = replay(runner, loaded)
+        first = result.first_op
+        return ReplayOutcome(bug.signature, confirmed(result, loaded.site),
+                             f"{first.kind} at {first.location}" if first else None)
+    except Exception as exc:  # noqa: BLE001 - reported per bug, the campaign goes on
+        failure = from_exception(exc)
+        return ReplayOutcome(bug.signature, None, error=failure.message, traceback=failure.traceback)
+    finally:
+        worker.owner.pop(bug.spec.name, None)     # the runner's state is the replay's now, not a site's

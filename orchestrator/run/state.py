@@ -1,0 +1,248 @@
+"""The run-state store: ``<run folder>/state.db``, an SQLite database with one writer, the controller.
+
+It is the run's source of truth; ``summary.json`` is written from it, and ``--resume`` reloads it.
+Tables (``STORE_VERSION`` in ``meta``):
+
+- ``run``: one row: campaign, campaign file, config (JSON), state (:class:`RunState`), exit reason
+  (:class:`ExitReason`), started, updated, seconds, exit code, executor, tracking URI, MLflow run
+  id, times resumed, an internal error and its traceback;
+- ``targets``: per target: entry, framework, status, exit reason, error, traceback, sites, recorded ops;
+- ``sites``: per site: the site (JSON), status, exit reason, steps, seconds, best and last loss,
+  finding folder, error, traceback, the latest checkpoint (path relative to the run folder),
+  deaths, timeouts, MLflow run id, and the quantum in flight (dispatched, not reported yet);
+- ``scheduler_log``: every call the controller made to the scheduler (``add_site``,
+  ``on_progress``, ``retire``, ``allocate``), in order: the scheduler is pure, so replaying it
+  rebuilds its exact state (its statistics included) and a resumed campaign allocates as the
+  uninterrupted one would;
+- ``scheduler_state``: the scheduler's own ``state()``, when its policy offers one, at the
+  position of the log it reflects (a snapshot for people and tools; resume replays the log);
+- ``transitions``: every change of a site's status, in order (site, status, exit reason, steps, time);
+- ``known_bugs``: what the reuse phase found when it replayed the known bugs of the campaign's targets.
+
+Every change happens in a transaction (``with store.transaction():``); a driver killed at any
+point leaves the state of the last committed one. WAL journal: readers (``cdeepfuzz report``,
+the summary writer) never block the writer.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from fuzz_core.sites import OpSite
+from fuzz_core.status import ExitReason, RunState, SiteStatus
+from orchestrator.run.records import RunRecord, SiteRecord, TargetRecord
+
+FILENAME = "state.db"
+STORE_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS run(
+    id INTEGER PRIMARY KEY CHECK (id = 1), campaign TEXT NOT NULL, campaign_file TEXT, config TEXT NOT NULL,
+    folder TEXT, started TEXT, updated TEXT, executor TEXT, state TEXT NOT NULL, exit_reason TEXT NOT NULL,
+    exit_code INTEGER, seconds REAL, tracking_uri TEXT, mlflow_run_id TEXT, resumed INTEGER NOT NULL DEFAULT 0,
+    error TEXT, traceback TEXT);
+CREATE TABLE IF NOT EXISTS targets(
+    name TEXT PRIMARY KEY, ord INTEGER NOT NULL, entry TEXT, framework TEXT, status TEXT NOT NULL,
+    exit_reason TEXT NOT NULL, error TEXT, traceback TEXT, sites INTEGER NOT NULL, recorded TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sites(
+    id TEXT PRIMARY KEY, ord INTEGER NOT NULL, site TEXT NOT NULL, status TEXT NOT NULL, exit_reason TEXT NOT NULL,
+    steps INTEGER NOT NULL, seconds REAL NOT NULL, best_loss REAL, last_loss REAL, finding TEXT, error TEXT,
+    traceback TEXT, checkpoint TEXT, deaths INTEGER NOT NULL, timeouts INTEGER NOT NULL, mlflow_run_id TEXT,
+    inflight TEXT, updated TEXT);
+CREATE TABLE IF NOT EXISTS scheduler_log(seq INTEGER PRIMARY KEY, call TEXT NOT NULL, args TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS scheduler_state(
+    id INTEGER PRIMARY KEY CHECK (id = 1), policy TEXT, seq INTEGER, state TEXT);
+CREATE TABLE IF NOT EXISTS transitions(
+    seq INTEGER PRIMARY KEY, site_id TEXT NOT NULL, status TEXT NOT NULL, exit_reason TEXT NOT NULL,
+    steps INTEGER NOT NULL, at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS known_bugs(signature TEXT PRIMARY KEY, ord INTEGER NOT NULL, record TEXT NOT NULL);
+"""
+
+
+class StoreError(RuntimeError):
+    """The run folder's state.db is missing, from another version, or unreadable."""
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _real(x: float) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def _loss(x: Any) -> float:
+    return float(x) if x is not None else math.inf
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and arrays as Python numbers and lists; anything else as its text."""
+    for attr in ("item", "tolist"):
+        if hasattr(value, attr):
+            return getattr(value, attr)()
+    return str(value)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, default=_plain)
+
+
+class RunStore:
+    """One run's state. The controller's instance writes; :meth:`open_readonly` gives readers theirs."""
+
+    def __init__(self, path: Path | str, *, readonly: bool = False) -> None:
+        self.path = Path(path)
+        self.readonly = readonly
+        if readonly:
+            if not self.path.is_file():
+                raise StoreError(f"{self.path}: no run-state store")
+            self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None,
+                                       check_same_thread=False)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('store_version', ?)", (str(STORE_VERSION),))
+        self._db.execute("PRAGMA busy_timeout=10000")
+        version = self._db.execute("SELECT value FROM meta WHERE key = 'store_version'").fetchone()
+        if version is None or int(version[0]) != STORE_VERSION:
+            raise StoreError(f"{self.path}: store version {version and version[0]}, this CDeepFuzz reads "
+                             f"{STORE_VERSION}")
+        self._depth = 0
+        self._lock = threading.RLock()
+        self._seq = self._scalar("SELECT COALESCE(MAX(seq), 0) FROM scheduler_log") if not readonly else 0
+        self.commits = 0
+
+    @classmethod
+    def open_readonly(cls, run_dir: Path | str) -> "RunStore":
+        return cls(Path(run_dir) / FILENAME, readonly=True)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _scalar(self, sql: str, args: tuple = ()) -> Any:
+        row = self._db.execute(sql, args).fetchone()
+        return row[0] if row else None
+
+    # -- transactions ---------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator["RunStore"]:
+        """Everything written inside commits together, or not at all. Nests (the outer one commits)."""
+        with self._lock:
+            outer = self._depth == 0
+            if outer:
+                self._db.execute("BEGIN IMMEDIATE")
+            self._depth += 1
+            try:
+                yield self
+            except BaseException:
+                self._depth -= 1
+                if outer:
+                    self._db.execute("ROLLBACK")
+                    self._seq = self._scalar("SELECT COALESCE(MAX(seq), 0) FROM scheduler_log")
+                raise
+            self._depth -= 1
+            if outer:
+                self.commit()
+
+    def commit(self) -> None:
+        """Commit the open transaction (a seam for tests that kill the driver at a commit)."""
+        self._db.execute("COMMIT")
+        self.commits += 1
+
+    def _write(self, sql: str, args: tuple) -> None:
+        if self.readonly:
+            raise StoreError(f"{self.path}: opened read-only")
+        with self.transaction():
+            self._db.execute(sql, args)
+
+    # -- the run --------------------------------------------------------------------------------
+    def put_run(self, run: RunRecord) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO run VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run.campaign, run.campaign_file, _dumps(run.config), run.folder, run.started, now(), run.executor,
+             run.state.value, run.exit_reason.value, run.exit_code, run.seconds, run.tracking_uri,
+             run.mlflow_run_id, run.resumed, run.error, run.traceback))
+
+    def run(self) -> RunRecord:
+        row = self._db.execute("SELECT campaign, campaign_file, config, folder, started, executor, state, exit_reason, "
+                               "exit_code, seconds, tracking_uri, mlflow_run_id, resumed, error, traceback "
+                               "FROM run WHERE id = 1").fetchone()
+        if row is None:
+            raise StoreError(f"{self.path}: no run recorded")
+        return RunRecord(row[0], row[1], json.loads(row[2]), row[3], row[4], row[5], RunState(row[6]),
+                         ExitReason(row[7]), row[8], row[9] or 0.0, row[10], row[11], row[12] or 0, row[13], row[14])
+
+    def updated(self) -> str | None:
+        return self._scalar("SELECT updated FROM run WHERE id = 1")
+
+    # -- targets and sites ---------------------------------------------------------------------
+    def put_target(self, rec: TargetRecord, order: int) -> None:
+        self._write("INSERT OR REPLACE INTO targets VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (rec.name, order, rec.entry, rec.framework, rec.status.value, rec.exit_reason.value, rec.error,
+                     rec.traceback, rec.sites, _dumps(rec.recorded)))
+
+    def targets(self) -> list[TargetRecord]:
+        rows = self._db.execute("SELECT name, entry, framework, status, exit_reason, error, traceback, sites, "
+                                "recorded FROM targets ORDER BY ord").fetchall()
+        return [TargetRecord(r[0], r[1], r[2], SiteStatus(r[3]), ExitReason(r[4]), r[5], r[6], r[7], json.loads(r[8]))
+                for r in rows]
+
+    def put_site(self, rec: SiteRecord, order: int) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO sites VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (rec.site.id, order, _dumps(rec.site.to_dict()), rec.status.value, rec.exit_reason.value, rec.steps,
+             rec.seconds, _real(rec.best_loss), _real(rec.last_loss), rec.finding, rec.error, rec.traceback,
+             rec.checkpoint, rec.deaths, rec.timeouts, rec.mlflow_run_id,
+             _dumps(rec.inflight) if rec.inflight else None, now()))
+
+    def sites(self) -> list[SiteRecord]:
+        rows = self._db.execute("SELECT site, status, exit_reason, steps, seconds, best_loss, last_loss, finding, "
+                                "error, traceback, checkpoint, deaths, timeouts, mlflow_run_id, inflight "
+                                "FROM sites ORDER BY ord").fetchall()
+        return [SiteRecord(OpSite.from_dict(json.loads(r[0])), SiteStatus(r[1]), ExitReason(r[2]), r[3], r[4],
+                           _loss(r[5]), _loss(r[6]), r[7], r[8], r[9], r[10], r[11], r[12], r[13],
+                           json.loads(r[14]) if r[14] else None) for r in rows]
+
+    def transition(self, rec: SiteRecord) -> None:
+        self._write("INSERT INTO transitions(site_id, status, exit_reason, steps, at) VALUES (?, ?, ?, ?, ?)",
+                    (rec.site.id, rec.status.value, rec.exit_reason.value, rec.steps, now()))
+
+    def transitions(self, site_id: str | None = None) -> list[tuple[str, str, str, int]]:
+        sql = "SELECT site_id, status, exit_reason, steps FROM transitions"
+        rows = self._db.execute(sql + (" WHERE site_id = ? ORDER BY seq" if site_id else " ORDER BY seq"),
+                                (site_id,) if site_id else ()).fetchall()
+        return [tuple(r) for r in rows]
+
+    # -- the scheduler ---------------------------------------------------------------------------
+    def log_call(self, call: str, args: dict[str, Any]) -> None:
+        """Append one scheduler call to the log (inside the caller's transaction)."""
+        self._seq += 1
+        self._write("INSERT INTO scheduler_log VALUES (?, ?, ?)", (self._seq, call, _dumps(args)))
+
+    def scheduler_log(self) -> list[tuple[str, dict[str, Any]]]:
+        rows = self._db.execute("SELECT call, args FROM scheduler_log ORDER BY seq").fetchall()
+        return [(call, json.loads(args)) for call, args in rows]
+
+    def put_scheduler_state(self, policy: str, state: Any) -> None:
+        self._write("INSERT OR REPLACE INTO scheduler_state VALUES (1, ?, ?, ?)", (policy, self._seq, _dumps(state)))
+
+    def scheduler_state(self) -> tuple[str, int, Any] | None:
+        row = self._db.execute("SELECT policy, seq, state FROM scheduler_state WHERE id = 1").fetchone()
+        return (row[0], row[1], json.loads(row[2])) if row else None
+
+    # -- known bugs --------------------------------------------------------------------------------
+    def put_known_bug(self, signature: str, order: int, record: dict[str, Any]) -> None:
+        self._write("INSERT OR REPLACE INTO known_bugs VALUES (?, ?, ?)", (signature, order, _dumps(record)))
+
+    def known_bugs(self) -> list[dict[str, Any]]:
+        return [json.loads(r[0]) for r in self._db.execute("SELECT record FROM known_bugs ORDER BY ord")]
