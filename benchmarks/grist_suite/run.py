@@ -1,0 +1,639 @@
+"""Run GRIST's benchmark suite with every strategy and write its section of benchmarks/RESULTS.md.
+
+    python benchmarks/grist_suite/run.py [--frameworks torch tensorflow] [--strategies adaptive grist random]
+                                         [--max-steps N] [--subjects ID ...] [--jobs 2]
+
+For each runnable subject of the registries (``subjects_torch.py``, ``subjects_tf.py`` when
+it exists) and each strategy, one child process builds the target, discovers its op sites
+and searches every searched site from the factory's state with a budget of ``--max-steps``
+(the engine's own ``build_runner``, ``discover_sites``, ``search_site``); each candidate is
+confirmed by the engine (``finding_from``), written as a finding folder and replayed in a
+fresh rebuild of the target (``replay``). One process per (subject, strategy) keeps TF1
+graphs and imports apart and makes "end to end" start at a process start; ``--jobs`` of them
+run at once. Results are cached per (subject, strategy, budget, seed, code version) under
+``benchmarks/grist_suite/.cache/``, so a rerun only runs what changed.
+
+A bug is found at GRIST's op when a finding that replays in a fresh rebuild has its site or
+its first non-finite op on a line of the subject's entry file marked ``# GRIST bug <id>``.
+A miss counts as the budget.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.grist_suite.model import Bug, Subject, marked_lines  # noqa: E402
+
+SUITE = Path(__file__).resolve().parent
+CACHE = SUITE / ".cache"
+RUNNER_VERSION = "1"            # bump when what a worker measures changes
+REGISTRIES = {"torch": "benchmarks.grist_suite.subjects_torch",
+              "tensorflow": "benchmarks.grist_suite.subjects_tf"}
+STRATEGIES = ("adaptive", "grist", "random")
+DEFAULT_MAX_STEPS = 300
+RANDOM_HARD_STEPS = 100         # random does not trigger the bug within this many steps
+TASK_TIMEOUT_S = 1800
+SOFT_ASSERTION_S, RANUM_S = 0.646, 2.209   # published seconds per bug, on their authors' machines
+
+
+# ----------------------------------------------------------------------------- registry
+def load_subjects(frameworks: list[str]) -> tuple[list[Subject], list[str]]:
+    """Subjects of the named frameworks' registries; and a note per registry that is missing."""
+    subjects, missing = [], []
+    for fw in frameworks:
+        try:
+            module = importlib.import_module(REGISTRIES[fw])
+        except ModuleNotFoundError as exc:
+            if exc.name != REGISTRIES[fw]:
+                raise
+            missing.append(f"{fw}: no registry ({REGISTRIES[fw].replace('.', '/')}.py) yet")
+            continue
+        subjects.extend(module.SUBJECTS)
+    return sorted(subjects, key=lambda s: (s.framework, s.id)), missing
+
+
+def subject_key(subject: Subject) -> str:
+    return f"{subject.framework}-id{subject.id:02d}"
+
+
+def pick(subjects: list[Subject], wanted: list[str] | None) -> list[Subject]:
+    if not wanted:
+        return subjects
+    ids = {int(w.upper().removeprefix("ID_").removeprefix("ID").rstrip("ABCDEFGH")) for w in wanted}
+    return [s for s in subjects if s.id in ids]
+
+
+def groups(subject: Subject) -> list[dict[str, Any]]:
+    """The distinct (entry, args) of a subject's bugs: one target build each."""
+    out: list[dict[str, Any]] = []
+    for bug in subject.bugs:
+        g = {"entry": bug.entry, "args": dict(bug.args), "search_weights": bool(getattr(bug, "search_weights", False))}
+        if g not in out:
+            out.append(g)
+    return out
+
+
+def _of_group(bug: Bug, group: dict) -> bool:
+    return (group["entry"] == bug.entry and group["args"] == bug.args
+            and bool(group.get("search_weights", False)) == bool(getattr(bug, "search_weights", False)))
+
+
+def engine_revision() -> str:
+    """The commit the engine was at, and whether fuzz_core had uncommitted changes."""
+    def git(*cmd: str) -> str:
+        try:
+            return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "fuzz_core")
+    return head + ("+uncommitted fuzz_core changes" if dirty else "")
+
+
+def code_version(subject: Subject) -> str:
+    """A hash of what a result depends on: the engine's sources, the subject's files and record."""
+    h = hashlib.sha1(RUNNER_VERSION.encode())
+    files = sorted((ROOT / "fuzz_core").rglob("*.py"))
+    for g in groups(subject):
+        path = ROOT / g["entry"].split(":", 1)[0]
+        files.append(path)
+        files.extend(sorted(p for p in path.parent.glob("_*.py")))   # the programs' shared helpers
+    for path in files:
+        h.update(str(path.relative_to(ROOT)).encode())
+        h.update(path.read_bytes())
+    h.update(json.dumps([asdict(b) for b in subject.bugs], sort_keys=True, default=str).encode())
+    return h.hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------- worker (child process)
+class _Watched:
+    """The runner, with every step's evaluation watched for non-finite values the site did not own."""
+
+    def __init__(self, runner) -> None:
+        self._runner = runner
+        self.events = 0
+        self.event_ops: list[dict] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self._runner, name)
+
+    def evaluate(self, *args, **kwargs):
+        ev = self._runner.evaluate(*args, **kwargs)
+        if getattr(ev, "event", False) and not getattr(ev, "triggered", False):
+            self.events += 1
+            op = ev.first_op.to_dict() if getattr(ev, "first_op", None) is not None else None
+            if op not in self.event_ops and len(self.event_ops) < 5:
+                self.event_ops.append(op)
+        return ev
+
+
+def _tail(exc: BaseException, lines: int = 6) -> str:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip().splitlines()
+    return "\n".join(text[-lines:])
+
+
+def _replays(result, site, report: dict) -> bool:
+    """The engine's own judgement of a replay: the site's hazard, or (a candidate that another op
+    produced) the same first op in the same phase, as the finding's report records it."""
+    import inspect
+
+    from fuzz_core import engine
+
+    if len(inspect.signature(engine.confirmed).parameters) >= 3:
+        return bool(engine.confirmed(result, site, report))
+    return bool(engine.confirmed(result, site))
+
+
+def _op_dict(op) -> dict | None:
+    if op is None:
+        return None
+    return op.to_dict() if hasattr(op, "to_dict") else dict(op)
+
+
+def search_group(framework: str, sid: int, strategy: str, max_steps: int, seed: int, group: dict,
+                 t_launch: float, findings_dir: Path) -> dict[str, Any]:
+    """Build one target, discover its sites, search each, confirm and fresh-replay each candidate."""
+    from fuzz_core.backends.base import RunnerOptions
+    from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from, replay, search_site
+    from fuzz_core.findings import load_finding, write_finding
+    from fuzz_core.search import SearchConfig
+
+    weights = bool(group.get("search_weights", False))
+    options = RunnerOptions(search_weights=weights)
+    spec = TargetSpec(f"grist-id{sid:02d}", group["entry"], dict(group["args"]), framework=framework, seed=seed)
+    out: dict[str, Any] = {"entry": group["entry"], "args": group["args"], "search_weights": weights,
+                           "sites": [], "error": None}
+    try:
+        runner = build_runner(spec, options)
+        sites = discover_sites(runner, seed)
+    except Exception as exc:  # noqa: BLE001 - a subject that cannot be built is a result
+        out["error"] = f"build/discover: {_tail(exc)}"
+        return out
+    out["setup_s"] = round(time.time() - t_launch, 4)
+    out["sites_total"] = len(sites)
+    config = SearchConfig(strategy=strategy, max_steps=max_steps, seed=seed, search_weights=weights)
+    for site in sites:
+        if not site.searched:
+            continue
+        rec: dict[str, Any] = {"id": site.id, "op": site.op, "hazard": site.hazard, "location": site.location,
+                               "occurrence": site.occurrence, "candidate": False, "confirmed": False,
+                               "fresh_replay": None, "error": None}
+        watched = _Watched(runner)
+        t0 = time.perf_counter()
+        try:
+            result = search_site(watched, site, config)
+        except Exception as exc:  # noqa: BLE001 - the engine crashed on this site: record, rebuild, go on
+            rec.update(error=f"search: {_tail(exc)}", steps=None, search_s=round(time.perf_counter() - t0, 4))
+            out["sites"].append(rec)
+            try:
+                runner = build_runner(spec, options)
+            except Exception:  # noqa: BLE001
+                break
+            continue
+        rec.update(steps=int(result.steps), search_s=round(float(result.seconds), 4), status=str(result.status),
+                   exit_reason=str(getattr(result, "exit_reason", "")), best_loss=_finite(result.best_loss),
+                   events=watched.events, event_ops=watched.event_ops)
+        cand = result.candidate
+        if cand is not None:
+            rec["candidate"] = True
+            rec["candidate_first_op"] = _op_dict(cand.first_op)
+            rec["candidate_step"] = int(cand.step)
+            rec["training"] = bool(cand.training)
+            t1 = time.perf_counter()
+            try:
+                finding = finding_from(runner, spec, site, config, cand, result.seconds, minimise_batch=False)
+            except Exception as exc:  # noqa: BLE001
+                finding = None
+                rec["error"] = f"confirm: {_tail(exc)}"
+            if finding is not None:
+                done, of = getattr(finding, "replays", (1, 1))
+                rec["engine_replays"] = [int(done), int(of)]
+                rec["confirmed"] = done == of          # every replay of the engine's own reproduced it
+                rec["own"] = bool(getattr(finding, "site_triggered", True))
+                rec["phase"] = getattr(finding, "phase", "forward")
+                rec["first_op"] = finding.first_op
+                folder = findings_dir / finding.folder_name
+                try:
+                    write_finding(finding, folder)
+                    rec["finding"] = _rel(folder)
+                    runner.reset()                     # as the engine does before a new build
+                    fresh = build_runner(spec, options)
+                    loaded = load_finding(folder)
+                    check = replay(fresh, loaded)
+                    rec["fresh_replay"] = _replays(check, site, loaded.report)
+                    rec["fresh_first_op"] = _op_dict(check.first_op)
+                except Exception as exc:  # noqa: BLE001 - a replay that raises fails
+                    rec["fresh_replay"] = False
+                    rec["error"] = f"fresh replay: {_tail(exc)}"
+            rec["confirm_s"] = round(time.perf_counter() - t1, 4)
+            rec["e2e_s"] = round(out["setup_s"] + rec["search_s"] + rec["confirm_s"], 4)
+            rec["since_launch_s"] = round(time.time() - t_launch, 4)
+            runner.reset()
+        out["sites"].append(rec)
+    return out
+
+
+def _rel(path: Path) -> str:
+    """A path relative to the repository root when it lies inside it."""
+    try:
+        return path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def worker(task: dict[str, Any]) -> dict[str, Any]:
+    t_launch = float(task["t_launch"])
+    os.chdir(ROOT)                   # op sites are named relative to the repository root
+    if task["framework"] == "torch":
+        import torch
+
+        torch.set_num_threads(1)
+    cache = ROOT / task.get("cache", CACHE.relative_to(ROOT).as_posix())
+    findings_dir = cache / "findings" / f"{task['key']}-{task['strategy']}-{task['max_steps']}"
+    out = {k: task[k] for k in ("key", "framework", "subject", "strategy", "max_steps", "seed", "code_version")}
+    out["engine"] = engine_revision()
+    out["groups"] = [search_group(task["framework"], task["subject"], task["strategy"], task["max_steps"],
+                                  task["seed"], g, t_launch, findings_dir) for g in task["groups"]]
+    out["wall_s"] = round(time.time() - t_launch, 3)
+    return out
+
+
+# ----------------------------------------------------------------------------- driver
+def cache_path(task: dict[str, Any]) -> Path:
+    return ROOT / task["cache"] / "results" / (f"{task['key']}-{task['strategy']}-{task['max_steps']}-s{task['seed']}-"
+                                f"{task['code_version']}.json")
+
+
+def run_task(task: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One child process; its result, or a record of how it failed."""
+    out_file = ROOT / task["cache"] / "tmp" / f"{task['key']}-{task['strategy']}-{os.getpid()}-{time.time_ns()}.json"
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
+               TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+    task = dict(task, t_launch=time.time())
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(task), "--worker-out", str(out_file)]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(task, crash=f"timed out after {timeout:.0f} s", groups=[])
+    if proc.returncode != 0 or not out_file.exists():
+        return dict(task, crash=f"exit {proc.returncode}: {(proc.stderr or '').strip()[-1500:]}", groups=[])
+    result = json.loads(out_file.read_text())
+    out_file.unlink()
+    return result
+
+
+def newest_cached(task: dict[str, Any]) -> Path | None:
+    """The newest cached result of this (subject, strategy, budget, seed), whatever its code version."""
+    pattern = f"{task['key']}-{task['strategy']}-{task['max_steps']}-s{task['seed']}-*.json"
+    found = sorted((ROOT / task["cache"] / "results").glob(pattern), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def run_all(tasks: list[dict[str, Any]], jobs: int, timeout: float, rerun: bool,
+            report_only: bool = False) -> dict[tuple, dict]:
+    results: dict[tuple, dict] = {}
+    todo = []
+    for task in tasks:
+        path = newest_cached(task) if report_only else cache_path(task)
+        if path is not None and path.exists() and not rerun:
+            results[(task["key"], task["strategy"])] = json.loads(path.read_text())
+        elif not report_only:
+            todo.append(task)
+    print(f"{len(tasks) - len(todo)} cached, {len(todo)} to run with {jobs} job(s)", flush=True)
+
+    def one(task):
+        t = time.time()
+        res = run_task(task, timeout)
+        if "crash" not in res:
+            path = cache_path(task)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(res, indent=1))
+        print(f"  {task['key']:16s} {task['strategy']:9s} {time.time() - t:7.1f}s "
+              f"{'CRASH ' + res['crash'].splitlines()[0] if 'crash' in res else _brief(res)}", flush=True)
+        return task, res
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for task, res in pool.map(one, todo):
+            results[(task["key"], task["strategy"])] = res
+    return results
+
+
+def _brief(res: dict) -> str:
+    sites = [s for g in res.get("groups", []) for s in g["sites"]]
+    found = [f"{s['op']}:{s['steps']}" for s in sites if s.get("fresh_replay")]
+    errs = [g["error"] for g in res.get("groups", []) if g.get("error")] + [s["error"] for s in sites if s.get("error")]
+    return f"{len(sites)} sites, findings {found or '-'}" + (f", errors: {errs[0].splitlines()[0]}" if errs else "")
+
+
+# ----------------------------------------------------------------------------- analysis
+def _line_of(location: str | None) -> tuple[str, int] | None:
+    if not location or ":" not in location:
+        return None
+    path, _, line = location.rpartition(":")
+    return (path, int(line)) if line.isdigit() else None
+
+
+def at_bug(site: dict, bug: Bug) -> bool:
+    """The site, or the first op that went non-finite, sits on a line marked for ``bug``."""
+    path = bug.entry.split(":", 1)[0]
+    lines = set(marked_lines(bug.entry).get(bug.id, []))
+    spots = [site.get("location")]
+    for key in ("first_op", "fresh_first_op"):
+        if isinstance(site.get(key), dict):
+            spots.append(site[key].get("location"))
+    return any((loc := _line_of(s)) is not None and loc[0] == path and loc[1] in lines for s in spots)
+
+
+def bug_outcome(subject: Subject, bug: Bug, res: dict | None, max_steps: int) -> dict[str, Any]:
+    """Found or not at GRIST's op, with steps, seconds and the replay result."""
+    if res is None or "crash" in res:
+        return {"found": False, "steps": max_steps, "search_s": None, "e2e_s": None, "replay": "crash"}
+    group = next((g for g in res["groups"] if _of_group(bug, g)), None)
+    if group is None or group.get("error"):
+        return {"found": False, "steps": max_steps, "search_s": None, "e2e_s": None, "replay": "error"}
+    hits = [s for s in group["sites"] if s.get("confirmed") and at_bug(s, bug)]
+    good = [s for s in hits if s.get("fresh_replay")]
+    if good:
+        best = min(good, key=lambda s: s["steps"])
+        return {"found": True, "steps": best["steps"], "search_s": best["search_s"], "e2e_s": best["e2e_s"],
+                "replay": "ok", "site": f"{best['op']}#{best['occurrence']}"}
+    return {"found": False, "steps": max_steps, "search_s": None, "e2e_s": None,
+            "replay": "FAILED" if hits else "-"}
+
+
+def anomalies(subjects: list[Subject], results: dict[tuple, dict], strategies: list[str]) -> dict[str, list]:
+    """What the engine owner needs: false findings, NaNs seen without a finding, crashes, other findings."""
+    out: dict[str, list] = {"failed_replay": [], "discarded": [], "nan_no_finding": [], "crash": [], "other": []}
+    for subj in subjects:
+        marked = [b for b in subj.bugs]
+        for strat in strategies:
+            res = results.get((subject_key(subj), strat))
+            tag = f"ID_{subj.id} {strat}"
+            if res is None:
+                continue
+            if "crash" in res:
+                out["crash"].append((tag, res["crash"].splitlines()[0][:200]))
+                continue
+            found_ops = set()
+            for g in res["groups"]:
+                if g.get("error"):
+                    out["crash"].append((tag, g["error"].splitlines()[-1][:200]))
+                for s in g["sites"]:
+                    where = f"{s['op']}@{s['location']}#{s['occurrence']}"
+                    if s.get("error"):
+                        out["crash"].append((f"{tag} {where}", s["error"].splitlines()[-1][:200]))
+                    if s.get("candidate") and "engine_replays" not in s and not s.get("confirmed"):
+                        out["discarded"].append((f"{tag} {where}", s.get("candidate_first_op")))
+                    elif s.get("candidate") and not (s.get("confirmed") and s.get("fresh_replay")):
+                        done, of = s.get("engine_replays") or (0, 0)
+                        out["failed_replay"].append(
+                            (f"{tag} {where}", f"engine's fresh replays {done}/{of}, replay of the saved folder "
+                             f"{'ok' if s.get('fresh_replay') else 'FAILED'}: {s.get('finding')}"))
+                    if s.get("confirmed") and s.get("fresh_replay"):
+                        for key in ("first_op", "fresh_first_op"):
+                            if isinstance(s.get(key), dict):
+                                found_ops.add(s[key].get("location"))
+                        found_ops.add(s["location"])
+                        if not any(at_bug(s, b) for b in marked):
+                            out["other"].append((f"{tag} {where}", s["steps"]))
+            for g in res["groups"]:
+                for s in g["sites"]:
+                    if s.get("events") and not s.get("candidate"):
+                        ops = [o for o in s.get("event_ops") or [] if o is None or o.get("location") not in found_ops]
+                        if ops:
+                            out["nan_no_finding"].append(
+                                (f"{tag} site {s['op']}@{s['location']}", s["events"],
+                                 ", ".join("?" if o is None else f"{o['op']}@{o['location']}" for o in ops)))
+    return out
+
+
+def _fmt_steps(o: dict, max_steps: int) -> str:
+    if o["replay"] == "crash":
+        return "crash"
+    if not o["found"]:
+        return f"- ({max_steps})"
+    return f"{o['steps']} ({o['search_s']:.2f}s)"
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None:
+        return "-"
+    return f"{a / b:.1f}x" if b > 0 else "inf"
+
+
+def _published(bug: Bug) -> str:
+    p = bug.grist
+    if p.found is None and p.iterations is None and p.seconds is None:
+        return "n/a"
+    parts = []
+    if p.found is not None:
+        parts.append("found" if p.found else "missed")
+    if p.iterations is not None:
+        parts.append(f"{p.iterations} it")
+    if p.seconds is not None:
+        parts.append(f"{p.seconds:g}s")
+    return ", ".join(parts)
+
+
+def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list[str], max_steps: int,
+           frameworks: list[str], missing: list[str], seed: int) -> str:
+    runnable = [s for s in subjects if s.runnable]
+    bugs = [(s, b) for s in runnable for b in s.bugs]
+    outcome = {(b.id, st): bug_outcome(s, b, results.get((subject_key(s), st)), max_steps)
+               for s, b in bugs for st in strategies}
+    has_random = "random" in strategies
+
+    def random_hard(bug: Bug) -> bool | None:
+        if not has_random:
+            return None
+        o = outcome[(bug.id, "random")]
+        return not o["found"] or o["steps"] > RANDOM_HARD_STEPS
+
+    rows = []
+    for s, b in bugs:
+        row = [b.id, f"{s.name}", b.op, _published(b)]
+        row += [_fmt_steps(outcome[(b.id, st)], max_steps) for st in strategies]
+        replays = {outcome[(b.id, st)]["replay"] for st in strategies}
+        row.append("FAILED" if "FAILED" in replays else "crash" if "crash" in replays else
+                   "ok" if "ok" in replays else "-")
+        rh = random_hard(b)
+        row.append("?" if rh is None else "**yes**" if rh else "no")
+        rows.append(row)
+    from benchmarks._results import table
+
+    names = " and ".join({"torch": "PyTorch", "tensorflow": "TensorFlow"}[f] for f in frameworks)
+    text = [f"## GRIST's benchmark, {names} (issue 17)\n",
+            f"{len(runnable)} runnable subjects, {len(bugs)} bugs; budget **{max_steps} steps per op site**, "
+            f"seed {seed}, every searched op site of a subject searched on its own from the factory's state. "
+            "A bug counts as found when a finding whose site or first non-finite op is on the line marked "
+            "`# GRIST bug <id>` replays in a fresh rebuild of the target; a cell shows steps to trigger "
+            "(search seconds); `-` is a miss, counted as the budget. GRIST published: GRIST's own per-bug "
+            "figures (n/a: not found in any reachable source, see benchmarks/grist_suite/README.md). "
+            f"Random-hard: random does not trigger the bug within {RANDOM_HARD_STEPS} steps.\n",
+            table(["bug", "subject", "op", "GRIST published", *strategies, "replay", "random-hard"], rows), ""]
+    engines = sorted({r.get("engine", "?") for r in results.values() if "crash" not in r})
+    walls = [r["wall_s"] for r in results.values() if "wall_s" in r]
+    text.insert(2, f"Engine at {', '.join(engines) or '?'}; {len(walls)} (subject, strategy) processes, "
+                   f"{sum(walls) / 60:.0f} CPU-minutes in all (one thread each).\n")
+
+    tot = []
+    for st in strategies:
+        found = [outcome[(b.id, st)] for _, b in bugs if outcome[(b.id, st)]["found"]]
+        steps = [outcome[(b.id, st)]["steps"] for _, b in bugs]
+        tot.append([st, f"{len(found)}/{len(bugs)}", _median(steps) if steps else "-", sum(steps)])
+    any_found = sum(any(outcome[(b.id, st)]["found"] for st in strategies) for _, b in bugs)
+    text += ["**Totals**\n", table(["strategy", "found at GRIST's op", "median steps (miss = budget)",
+                                    "total steps"], tot),
+             f"\nFound by any strategy: {any_found}/{len(bugs)}. Published totals, on their authors' machines "
+             f"and all 79 bugs: RANUM 79/79 ({RANUM_S} s per bug), Soft Assertion fuzzer 79/79 "
+             f"({SOFT_ASSERTION_S} s per bug), GRIST 78/79.\n"]
+
+    hard = [b for _, b in bugs if random_hard(b)]
+    if has_random:
+        med = {st: _median([outcome[(b.id, st)]["steps"] for b in hard]) for st in strategies}
+        line = [f"**Random-hard bugs: {len(hard)}** ({', '.join(b.id for b in hard) or 'none'})."]
+        if hard:
+            line.append(" Median steps to trigger (miss = budget): "
+                        + ", ".join(f"{st} {med[st]:g}" for st in strategies) + ".")
+            if "adaptive" in strategies:
+                for other in ("grist", "random"):
+                    if other in strategies:
+                        line.append(f" {other} / adaptive: **{_ratio(med[other], med['adaptive'])}**.")
+        text.append("".join(line) + "\n")
+
+    sec_rows = []
+    for st in strategies:
+        found = [outcome[(b.id, st)] for _, b in bugs if outcome[(b.id, st)]["found"]]
+        if found:
+            e2e = statistics.mean(o["e2e_s"] for o in found)
+            search = statistics.mean(o["search_s"] for o in found)
+            sec_rows.append([st, len(found), f"{e2e:.2f}", f"{search:.3f}"])
+        else:
+            sec_rows.append([st, 0, "-", "-"])
+    text += ["**Seconds per found bug** (this machine). End to end: process start (interpreter, imports, "
+             "building the target, discovering its sites) + the bug's site search + confirmation and a "
+             "fresh-rebuild replay. Search only: the site's search to the trigger. Beside them, as published "
+             f"on their authors' machines: Soft Assertion fuzzer {SOFT_ASSERTION_S} s, RANUM {RANUM_S} s per bug.\n",
+             table(["strategy", "bugs found", "end to end (s, mean)", "search only (s, mean)"], sec_rows), ""]
+
+    an = anomalies(runnable, results, strategies)
+    text.append(f"**Findings that fail a fresh replay: {len(an['failed_replay'])}** (must be 0)"
+                + (": " + "; ".join(t for t, _ in an["failed_replay"]) if an["failed_replay"] else "") + ".")
+    text.append(f"Candidates the engine's own replay discarded: {len(an['discarded'])}. "
+                f"Sites whose search saw a non-finite value elsewhere and ended without a finding there: "
+                f"{len(an['nan_no_finding'])}. Crashes: {len(an['crash'])}.\n")
+    if an["other"]:
+        seen = sorted({t.split(" ", 2)[0] + " " + t.split(" ", 2)[2] for t, _ in an["other"]})
+        text.append("Other confirmed findings (not at GRIST's op): " + "; ".join(f"`{x}`" for x in seen) + ".\n")
+    if an["failed_replay"] or an["nan_no_finding"] or an["crash"] or an["discarded"]:
+        text.append("<details><summary>Engine anomalies</summary>\n")
+        for t, f in an["failed_replay"]:
+            text.append(f"- finding that fails a fresh replay: {t} ({f})")
+        for t, op in an["discarded"]:
+            text.append(f"- candidate discarded by the engine's replay: {t} (first op {op})")
+        for t, n, ops in an["nan_no_finding"]:
+            text.append(f"- non-finite during the search, no finding: {t}: {n} steps, first op {ops}")
+        for t, e in an["crash"]:
+            text.append(f"- crash: {t}: {e}")
+        text.append("\n</details>\n")
+    blocked = [s for s in subjects if not s.runnable]
+    text.append("**Subjects that cannot run here**: " + (
+        "; ".join(f"ID_{s.id} {s.name} ({s.framework}): {s.reason}" for s in blocked) if blocked else "none")
+        + (". Registries not yet written: " + "; ".join(missing) if missing else "") + ".")
+    return "\n".join(text)
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--frameworks", nargs="+", choices=list(REGISTRIES), default=list(REGISTRIES))
+    ap.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES))
+    ap.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS)
+    ap.add_argument("--subjects", nargs="*", help="GRIST subject ids (26 or ID_26)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=TASK_TIMEOUT_S, help="seconds per (subject, strategy) process")
+    ap.add_argument("--rerun", action="store_true", help="ignore cached results")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: report the newest cached result of each (subject, strategy), any code version")
+    ap.add_argument("--no-write", action="store_true", help="print the section; leave RESULTS.md alone")
+    ap.add_argument("--cache", default=CACHE.relative_to(ROOT).as_posix(),
+                    help="cache folder, relative to the repository root (default: %(default)s)")
+    ap.add_argument("--json", help="also write the per-bug outcomes and anomalies to this JSON file")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.worker:
+        result = worker(json.loads(args.worker))
+        Path(args.worker_out).write_text(json.dumps(result))
+        return 0
+
+    os.chdir(ROOT)
+    all_subjects, missing = load_subjects(args.frameworks)
+    subjects = pick(all_subjects, args.subjects)
+    tasks = []
+    for subj in subjects:
+        if not subj.runnable:
+            continue
+        version = code_version(subj)
+        for st in args.strategies:
+            tasks.append({"key": subject_key(subj), "framework": subj.framework, "subject": subj.id, "strategy": st,
+                          "max_steps": args.max_steps, "seed": args.seed, "code_version": version,
+                          "cache": Path(args.cache).as_posix(),
+                          "groups": groups(subj)})
+    t0 = time.time()
+    results = run_all(tasks, args.jobs, args.timeout, args.rerun, args.report_only)
+    print(f"done in {time.time() - t0:.0f} s", flush=True)
+    frameworks = [f for f in args.frameworks if any(s.framework == f for s in all_subjects)] or args.frameworks
+    body = report(subjects, results, args.strategies, args.max_steps, frameworks, missing, args.seed)
+    print(body)
+    if args.json:
+        runnable = [s for s in subjects if s.runnable]
+        outcomes = {b.id: {st: bug_outcome(s, b, results.get((subject_key(s), st)), args.max_steps)
+                           for st in args.strategies} for s in runnable for b in s.bugs}
+        Path(args.json).write_text(json.dumps(
+            {"max_steps": args.max_steps, "bugs": outcomes,
+             "anomalies": anomalies(runnable, results, args.strategies)}, indent=1, default=str))
+    if not args.no_write:
+        from benchmarks._results import write_section
+
+        name = "grist_suite" + ("" if set(frameworks) == set(REGISTRIES) else "_" + "_".join(frameworks))
+        cmd_args = [f"--frameworks {' '.join(frameworks)}", f"--max-steps {args.max_steps}"]
+        if args.subjects:
+            cmd_args.append("--subjects " + " ".join(args.subjects))
+        if list(args.strategies) != list(STRATEGIES):
+            cmd_args.append("--strategies " + " ".join(args.strategies))
+        write_section(name, body, script="grist_suite/run", args=" ".join(cmd_args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
