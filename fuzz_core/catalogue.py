@@ -87,6 +87,7 @@ class Catalogue:
         self._torch: dict[str, OpSpec] = {}
         self._tf: dict[str, OpSpec] = {}
         self._torch_backward: dict[str, OpSpec] = {}
+        self._tf_backward: dict[str, OpSpec] = {}
         for spec in specs:
             self.register(spec)
 
@@ -128,27 +129,34 @@ class Catalogue:
         return spec
 
     def _register_backward(self, spec: OpSpec, torch_keys: list[str], replace: bool) -> OpSpec:
-        if spec.tf:
-            raise ValueError(f"{spec.name!r}: backward hazards are catalogued for torch ops only")
         if not replace:
             if spec.name in self._by_name:
                 raise ValueError(f"op {spec.name!r} is already registered")
-            for key in torch_keys:
-                if key in self._torch_backward:
-                    raise ValueError(f"the backward hazard of torch op {key!r} is already registered "
-                                     f"by {self._torch_backward[key].name!r}")
+            for keys, table, kind in ((torch_keys, self._torch_backward, "torch"), (spec.tf, self._tf_backward, "tf")):
+                for key in keys:
+                    if key in table:
+                        raise ValueError(f"the backward hazard of {kind} op {key!r} is already registered "
+                                         f"by {table[key].name!r}")
         old = self._by_name.get(spec.name)
         if old is not None:
             for key in old.torch:
                 if self._torch_backward.get(torch_key(key)) is old:
                     del self._torch_backward[torch_key(key)]
+            for key in old.tf:
+                if self._tf_backward.get(key) is old:
+                    del self._tf_backward[key]
         self._by_name[spec.name] = spec
         self._torch_backward.update({key: spec for key in torch_keys})
+        self._tf_backward.update({key: spec for key in spec.tf})
         return spec
 
     def torch_backward_specs(self) -> dict[str, OpSpec]:
         """Packet -> the backward-hazard row of that torch op (``sqrt`` -> ``sqrt_grad``)."""
         return dict(self._torch_backward)
+
+    def for_tf_backward(self, op_type: str) -> OpSpec | None:
+        """The backward-hazard row of a TensorFlow op type (``Sqrt`` -> ``sqrt_grad``)."""
+        return self._tf_backward.get(op_type)
 
     def __iter__(self):
         return iter(self._by_name.values())
@@ -365,24 +373,24 @@ def _backward_rows() -> list[OpSpec]:
     itself guards the norm, ``cdist``, ``pdist``, ``dist`` and ``atan2`` at 0 (their gradient
     there is 0): no rows for them."""
     return [
-        OpSpec("sqrt_grad", "backward: sqrt at 0 has an infinite gradient", torch=("sqrt", "sqrt_"),
+        OpSpec("sqrt_grad", "backward: sqrt at 0 has an infinite gradient", torch=("sqrt", "sqrt_"), tf=("Sqrt",),
                domain=POSITIVE, log_space=True, phase="backward"),
         OpSpec("rsqrt_grad", "backward: rsqrt of a tiny x has an overflowing gradient", torch=("rsqrt", "rsqrt_"),
-               domain=Domain.of(Interval("rsqrt_grad_min", INF)), log_space=True, phase="backward"),
+               tf=("Rsqrt",), domain=Domain.of(Interval("rsqrt_grad_min", INF)), log_space=True, phase="backward"),
         OpSpec("log_grad", "backward: log of a subnormal x has an overflowing gradient (1/x)",
                torch=("log", "log_"), domain=Domain.of(Interval("log_grad_min", INF)), log_space=True,
                phase="backward"),
         OpSpec("pow_grad", "backward: pow(x, p) with 0 < p < 1 has an infinite gradient at x = 0",
-               torch=("pow", "pow_"), margin=pow_grad_margin, log_space=True, phase="backward"),
+               torch=("pow", "pow_"), tf=("Pow",), margin=pow_grad_margin, log_space=True, phase="backward"),
         OpSpec("acos_grad", "backward: acos at |x| = 1 has an infinite gradient", torch=("acos", "acos_"),
-               domain=UNIT_OPEN, log_space=True, phase="backward"),
+               tf=("Acos",), domain=UNIT_OPEN, log_space=True, phase="backward"),
         OpSpec("asin_grad", "backward: asin at |x| = 1 has an infinite gradient", torch=("asin", "asin_"),
-               domain=UNIT_OPEN, log_space=True, phase="backward"),
+               tf=("Asin",), domain=UNIT_OPEN, log_space=True, phase="backward"),
         OpSpec("acosh_grad", "backward: acosh at x = 1 has an infinite gradient", torch=("acosh", "acosh_"),
-               domain=Domain.of(Interval(1.0, INF)), log_space=True, phase="backward"),
+               tf=("Acosh",), domain=Domain.of(Interval(1.0, INF)), log_space=True, phase="backward"),
         OpSpec("reciprocal_grad", "backward: 1/x of a tiny x has an overflowing gradient (1/x**2)",
-               torch=("reciprocal", "reciprocal_"), margin=reciprocal_grad_margin, log_space=True,
-               phase="backward"),
+               torch=("reciprocal", "reciprocal_"), tf=("Reciprocal", "Inv"), margin=reciprocal_grad_margin,
+               log_space=True, phase="backward"),
     ]
 
 

@@ -20,7 +20,7 @@ tf = pytest.importorskip("tensorflow")
 from fuzz_core import GraphTarget, Target  # noqa: E402
 from fuzz_core.backends import detect_framework  # noqa: E402
 from fuzz_core.backends.base import WEIGHT_PREFIX, RunnerOptions  # noqa: E402
-from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from, search_site  # noqa: E402
+from fuzz_core.engine import TargetSpec, build_runner, confirmed, discover_sites, finding_from, search_site  # noqa: E402
 from fuzz_core.search import SearchConfig  # noqa: E402
 from fuzz_core.status import SiteStatus  # noqa: E402
 
@@ -192,7 +192,8 @@ def test_adaptive_search_finds_the_bug_and_replay_confirms_it(name):
     runner.reset()
     if finding.state:
         runner.set_state(finding.state)
-    assert runner.check(finding.inputs, finding.step_seed).triggered[site.key]
+    assert finding.replays == (3, 3)
+    assert confirmed(runner.check(finding.inputs, finding.step_seed), site, cand)
 
 
 def test_training_bug_is_not_reachable_without_training():
@@ -329,8 +330,8 @@ def test_tf2_ops_in_cond_autograph_if_and_while_are_sites():
     assert {("log1p", loop, 0), ("log1p", loop, 1)} <= rows          # one per iteration
     site = next(s for s in sites if s.op == "log")
     result = search_site(runner, site, CONFIG)
-    assert result.status == SiteStatus.FOUND
-    assert runner.check(result.candidate.values, result.candidate.seed).triggered[site.key]
+    assert result.status == SiteStatus.FOUND       # the log, or another op that went non-finite first
+    assert confirmed(runner.check(result.candidate.values, result.candidate.seed), site, result.candidate)
 
 
 def _tf1_control_flow_target(train: bool):
@@ -374,8 +375,12 @@ def test_tf1_ops_in_cond_and_while_branch_graphs_are_sites(train):
     sqrt_site = next(s for s in sites if s.op == "sqrt")
     assert runner.evaluate(batch, sqrt_site, grad=True, train=False, seed=0).connected   # through the cond
     result = search_site(runner, log_site, SearchConfig(strategy="adaptive", max_steps=100))
-    assert result.status == SiteStatus.FOUND
-    check = runner.check(result.candidate.values, result.candidate.seed)
+    assert result.status == SiteStatus.FOUND       # the log, or the sqrt below it first (a NaN either way)
+    assert confirmed(runner.check(result.candidate.values, result.candidate.seed), log_site, result.candidate)
+    # z = 0.5 * row sum: one row below -1 makes log(z + 1) NaN while the sum keeps the then-branch
+    bad = {"x": np.array([[-2.0, -2.0, -2.0], [5.0, 5.0, 5.0]], np.float32)}
+    runner.reset()
+    check = runner.check(bad, 0)
     assert check.triggered[log_site.key]
     assert check.first_op.kind == "Log:cond/Log" and check.first_op.location == cond_line
 

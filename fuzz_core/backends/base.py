@@ -124,14 +124,17 @@ def batch_size(values: dict[str, np.ndarray]) -> int:
     return 1
 
 
-def collect_grads(names: list[str], targets: list, grads: list,
+def collect_grads(names: list[str], shapes: list[tuple[int, ...]], grads: list,
                   to_numpy: Callable[[Any], np.ndarray]) -> tuple[dict[str, np.ndarray], float, bool]:
-    """Gradients by name (zeros where there is no path), their global norm, and whether any
-    searched value has a path to the loss. Non-finite entries become 0."""
+    """Gradients by name (zeros of the value's shape where there is no path), their global norm,
+    and whether any searched value has a path to the loss. Non-finite entries become 0.
+
+    ``shapes`` are the shapes of the values fed (a TF1 placeholder's static shape may be
+    ``(None, 784)``: only the fed value knows its batch size)."""
     out, total, connected = {}, 0.0, False
-    for name, target, g in zip(names, targets, grads):
+    for name, shape, g in zip(names, shapes, grads):
         if g is None:
-            out[name] = np.zeros(tuple(target.shape), np.float64)
+            out[name] = np.zeros(tuple(int(d) for d in shape), np.float64)
             continue
         connected = True
         arr = np.nan_to_num(to_numpy(g), nan=0.0, posinf=0.0, neginf=0.0)

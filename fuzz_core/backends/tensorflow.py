@@ -30,9 +30,11 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import op_callbacks
 
-from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches, batch_size
+from fuzz_core.backends.base import (
+    WEIGHT_PREFIX, CheckResult, Evaluation, OpRef, RunnerOptions, TargetBatches, batch_size,
+)
 from fuzz_core.backends.tf_common import (
-    _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown,
+    _collect, _scalar, _shaped, _soft_min, _to_numpy_grad, _unique, _var_name, _versions, _warn_unknown,
     seed_everything,
 )
 from fuzz_core.backends.tf_graph import GraphRunner
@@ -250,19 +252,19 @@ class EagerRunner(TargetBatches):
         return f"{relative_path(code.co_filename)}:{code.co_firstlineno}"
 
     def check(self, values: dict[str, np.ndarray], seed: int) -> CheckResult:
-        """The check-only detector: run the unmodified program once, name the first bad op."""
-        with self._scope():
-            batch, _ = self._tensors(values, grad=False)
-            recorder, out = self._forward(batch, seed, locate_all=True)
-            flags = recorder.resolve([_outputs_nonfinite(out)])
-        loss = program_loss(out)
-        first = recorder.first_event(flags, flags[-1], self._program_location())
-        return CheckResult(first is not None, first, recorder.triggered_sites(flags), _scalar(loss))
+        """The check-only detector: run the unmodified program's whole step once (its training step
+        too, when it trains), name the first bad op."""
+        ev, recorder, flags = self._step(values, None, grad=False, train=self.trains, seed=seed, locate_all=True)
+        return CheckResult(ev.event, ev.first_op, recorder.triggered_sites(flags), ev.program_loss, ev.phase)
 
     def evaluate(self, values: dict[str, np.ndarray], site: OpSite, *, grad: bool = True,
                  train: bool = False, seed: int = 0) -> Evaluation:
-        """One step: forward under the recorder; the site's margin, losses and gradients."""
-        train = train and self.trains
+        """One step: forward under the recorder; the site's margin, losses and gradients; then the
+        program's own training step, watched. Any non-finite value sets ``event`` and ``phase``."""
+        return self._step(values, site, grad=grad, train=train and self.trains, seed=seed, locate_all=False)[0]
+
+    def _step(self, values: dict[str, np.ndarray], site: OpSite | None, *, grad: bool, train: bool, seed: int,
+              locate_all: bool) -> tuple[Evaluation, EagerRecorder, list]:
         own_step = train and self.target.train_step is None and self.target.optimizer is not None
         with self._scope():
             batch, leaves = self._tensors(values, grad=grad)
@@ -272,24 +274,40 @@ class EagerRunner(TargetBatches):
                     for name, t in leaves.items():
                         if not name.startswith(WEIGHT_PREFIX):
                             tape.watch(t)          # variables are watched as they are read
-                recorder, out = self._forward(batch, seed, locate_all=False)
+                recorder, out = self._forward(batch, seed, locate_all=locate_all)
                 loss = program_loss(out)
-                call = recorder.find(site.key)
+                call = recorder.find(site.key) if site is not None else None
                 margin = call.spec.margins(call.inputs, XP) if call is not None else None
                 flags = recorder.resolve([_outputs_nonfinite(out)])
-                first = recorder.first_event(flags, flags[-1], site.location)
+                first = recorder.first_event(flags, flags[-1], self._program_location())
                 ev = Evaluation(seen=margin is not None, hard=math.inf, log_loss=math.inf,
                                 triggered=call is not None and recorder.triggered(flags, call),
                                 event=first is not None, first_op=first, program_loss=_scalar(loss))
                 scored = self._stats(ev, margin, batch_size(values)) if margin is not None else None
                 mean_loss = tf.reduce_mean(loss) if own_step and not ev.event and loss is not None else None
-            if scored is not None and grad and not ev.triggered and tape is not None:
+            if scored is not None and grad and not ev.event and tape is not None:
                 hard, log_loss = scored
                 self._grads(ev, tape, hard, log_loss, call.spec.log_space, leaves)
-            if train and not ev.event and loss is not None:
-                self._train(batch, tape, mean_loss, ev)
+            if ev.event:
+                ev.phase = "forward"
+            elif train and loss is not None:
+                pre = self.get_state()
+                ev.phase = self._train(batch, tape, mean_loss, ev)
+                if ev.phase is not None:
+                    ev.event, ev.state_before = True, pre
+                    what = "train_step" if self.target.train_step is not None else type(self.target.optimizer).__name__
+                    ev.first_op = OpRef(ev.phase, "gradient of the loss" if ev.phase == "backward"
+                                        else f"{what} update", self._program_location(), 0)
             del tape
-        return ev
+        return ev, recorder, flags
+
+    def _state_nonfinite(self) -> bool:
+        """Some floating-point variable of the model or the optimizer is not finite."""
+        for table in (self._model_vars, self._opt_vars):
+            for v in table.values():
+                if tf.as_dtype(v.dtype).is_floating and not bool(np.isfinite(np.asarray(v.numpy(), np.float64)).all()):
+                    return True
+        return False
 
     def _stats(self, ev: Evaluation, margin, batch_size: int):
         m, hard, log_loss = _soft_min(tf.convert_to_tensor(margin))
@@ -306,17 +324,19 @@ class EagerRunner(TargetBatches):
         grads = tape.gradient(hard, targets)
         if all(g is None for g in grads) and not self._depends_on_params(tape, hard, targets):
             return          # no path from any value that could carry a gradient (torch: not requires_grad)
-        ev.grads, ev.grad_norm, ev.connected = _collect(names, targets, grads)
+        shapes = [tuple(t.shape) for t in targets]
+        ev.grads, ev.grad_norm, ev.connected = _collect(names, shapes, grads)
         if log_space and math.isfinite(ev.log_loss):
-            ev.log_grads, _, _ = _collect(names, targets, tape.gradient(log_loss, targets))
+            ev.log_grads, _, _ = _collect(names, shapes, tape.gradient(log_loss, targets))
 
     def _depends_on_params(self, tape, hard, targets: list) -> bool:
         others = [_tf_var(v) for v in self._trainable]
         others = [v for v in others if not any(v is t for t in targets)]
         return bool(others) and any(g is not None for g in tape.gradient(hard, others))
 
-    def _train(self, batch: dict, tape, mean_loss, ev: Evaluation) -> None:
-        """The program's own training step on the searched batch (GRIST keeps training)."""
+    def _train(self, batch: dict, tape, mean_loss, ev: Evaluation) -> str | None:
+        """The program's own training step on the searched batch (GRIST keeps training), watched:
+        None, or the phase that went non-finite (backward: a gradient; update: a variable)."""
         target = self.target
         if target.train_step is not None:
             seed_everything(_train_seed(ev.program_loss), kernels=self._stateful_random)
@@ -326,13 +346,19 @@ class EagerRunner(TargetBatches):
             grads = tape.gradient(mean_loss, [_tf_var(v) for v in self._trainable])
             pairs = [(g, v) for g, v in zip(grads, self._trainable) if g is not None]
             if not pairs:
-                return
+                return None
+            if not all(bool(np.isfinite(_to_numpy_grad(g)).all()) for g, _ in pairs if g is not None):
+                ev.trained = True
+                return "backward"
             target.optimizer.apply_gradients(pairs)
         else:
-            return
+            return None
         ev.trained = True
+        if self._state_nonfinite():
+            return "update"
         if self.options.search_weights:
             ev.weights = self.weights()
+        return None
 
 
 def _paused(recorder: EagerRecorder, gradient):

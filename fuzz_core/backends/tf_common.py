@@ -106,8 +106,9 @@ def _to_numpy_grad(g) -> np.ndarray:
     return np.nan_to_num(np.asarray(arr, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def _collect(names: list[str], targets: list, grads: list) -> tuple[dict[str, np.ndarray], float, bool]:
-    return collect_grads(names, targets, grads, _to_numpy_grad)
+def _collect(names: list[str], shapes: list, grads: list) -> tuple[dict[str, np.ndarray], float, bool]:
+    """:func:`collect_grads` for TensorFlow gradients (dense, IndexedSlices, or session values)."""
+    return collect_grads(names, shapes, grads, _to_numpy_grad)
 
 
 def _warn_unknown(state: dict, known, prefixes: tuple[str, ...]) -> None:

@@ -12,7 +12,11 @@ outputs of the ``While`` op). Stateful graph random ops cannot be seeded per ste
 state lives in the session): feed noise through a placeholder from ``sample``.
 
 It snapshots and restores every global and local variable of the graph (optimizer slots
-and counters included). Built by :func:`fuzz_core.backends.tensorflow.make_runner`; like
+and counters included). A training step is watched whole: after the program's ``train_op``
+every variable is checked (one fetch); a step that wrote a non-finite value is re-run from
+the state it started from, with every op of the loss's gradient graph checked, to name the
+first op whose gradient went non-finite (mapped back to the forward op and user line that
+created it) or, when every gradient stayed finite, the update. Built by :func:`fuzz_core.backends.tensorflow.make_runner`; like
 the rest of the TensorFlow backend, never imported by the driver.
 """
 from __future__ import annotations
@@ -23,7 +27,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from fuzz_core.backends.base import WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches, batch_size
+from fuzz_core.backends.base import (
+    WEIGHT_PREFIX, CheckResult, Evaluation, OpRef, RunnerOptions, TargetBatches, batch_size,
+)
 from fuzz_core.backends.tf_common import (
     _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown,
     seed_everything,
@@ -74,6 +80,8 @@ class GraphRunner(TargetBatches):
         self._params = {_var_name(v): v for v in self._trainable}
         self._assign: dict[str, tuple[Any, Any]] = {}
         self._book: FlagBook | None = None
+        self._watch: Any = None                 # a scalar bool op: some variable is not finite
+        self._diag: tuple | None = None         # gradient-graph ops of the loss and their flags
         self._site_cache: dict[tuple, Any] = {}
         self._copies: dict[tuple, str] = {}
         self._copy_count = 0
@@ -224,6 +232,12 @@ class GraphRunner(TargetBatches):
                                                             (kind, location, index))
                 book.calls.append(Call(spec, kind, location, occurrence, [_static(t) for t in inputs], flag, in_ok,
                                        True if seen is None else seen, outputs, origin=gop))
+                grad_spec = self.catalogue.for_tf_backward(op.type) if self.trains else None
+                if grad_spec is not None and not gop.path:   # a backward hazard of the same op, same inputs
+                    gocc = counts.get((grad_spec.name, location), 0)
+                    counts[(grad_spec.name, location)] = gocc + 1
+                    book.calls.append(Call(grad_spec, kind, location, gocc, [_static(t) for t in inputs], -1, in_ok,
+                                           True, outputs, origin=gop))
             self._flags = tf.stack([tf.reshape(f, []) for f in book.flags]) if book.flags else tf.zeros([0], tf.bool)
             self._outputs_bad = graph_flag([self.loss], nan_only=False)
             if self._outputs_bad is None:
@@ -339,11 +353,20 @@ class GraphRunner(TargetBatches):
     def check(self, values: dict[str, np.ndarray], seed: int) -> CheckResult:
         book = self._instrument()
         seed_everything(seed)
-        loss, flags, out_bad = self.session.run([self.loss, self._flags, self._outputs_bad],
-                                                feed_dict=self._feed(values))
+        feed = self._feed(values)
+        loss, flags, out_bad = self.session.run([self.loss, self._flags, self._outputs_bad], feed_dict=feed)
         flags = [bool(f) for f in flags] + [bool(out_bad)]
         first = book.first_event(flags, flags[-1], traceback_location(self.loss.op))
-        return CheckResult(first is not None, first, book.triggered_sites(flags), _scalar(loss))
+        result = CheckResult(first is not None, first, book.triggered_sites(flags), _scalar(loss),
+                             "forward" if first is not None else None)
+        if first is None and self.trains:
+            pre = self.get_state()
+            if self._train(feed):
+                result.first_op, result.phase, grad_key = self._diagnose(pre, feed)
+                result.event = True
+                if grad_key is not None:
+                    result.triggered[grad_key] = True
+        return result
 
     def evaluate(self, values: dict[str, np.ndarray], site: OpSite, *, grad: bool = True,
                  train: bool = False, seed: int = 0) -> Evaluation:
@@ -364,7 +387,7 @@ class GraphRunner(TargetBatches):
                     fetches["log_grads"] = [g for g in site_fetches["log_grads"] if g is not None]
         res = self.session.run(fetches, feed_dict=feed)
         flags = [bool(f) for f in res["flags"]] + [bool(res["out_bad"])]
-        first = book.first_event(flags, flags[-1], site.location)
+        first = book.first_event(flags, flags[-1], traceback_location(self.loss.op))
         call = book.find(site.key)
         seen = site_fetches is not None and bool(res["site"]["seen"])
         ev = Evaluation(seen=seen, hard=math.inf, log_loss=math.inf,
@@ -377,17 +400,103 @@ class GraphRunner(TargetBatches):
             if "rows" in s and len(s["rows"]) == n and n > 1:
                 ev.per_sample = np.asarray(s["rows"], dtype=np.float64)
             if "grads" in res and not ev.triggered:
-                ev.grads, ev.grad_norm, ev.connected = _collect(names, targets, _fill(site_fetches["grads"],
-                                                                                       res["grads"]))
+                shapes = [np.shape(values[n]) if n in values else tuple(t.shape) for n, t in zip(names, targets)]
+                ev.grads, ev.grad_norm, ev.connected = _collect(names, shapes, _fill(site_fetches["grads"],
+                                                                                      res["grads"]))
                 if "log_grads" in res and math.isfinite(ev.log_loss):
-                    ev.log_grads, _, _ = _collect(names, targets, _fill(site_fetches["log_grads"], res["log_grads"]))
+                    ev.log_grads, _, _ = _collect(names, shapes, _fill(site_fetches["log_grads"], res["log_grads"]))
         if train and not ev.event:
-            self.session.run(self.target.train_op, feed_dict=feed)
+            pre = self.get_state()
+            bad = self._train(feed)
             ev.passes += 1
             ev.trained = True
-            if self.options.search_weights:
+            if bad:
+                ev.event, ev.state_before = True, pre
+                ev.first_op, ev.phase, grad_key = self._diagnose(pre, feed)
+                ev.triggered = grad_key == site.key
+            elif self.options.search_weights:
                 ev.weights = self.weights()
+        elif ev.event:
+            ev.phase = "forward"
         return ev
+
+    # -- the training step, watched -------------------------------------------------------
+    def _train(self, feed: dict) -> bool:
+        """The program's ``train_op`` on the searched batch; True when it left a variable non-finite."""
+        if self._watch is None:
+            self._unfinalize()
+            with self.graph.as_default(), tf.compat.v1.name_scope("cdeepfuzz/watch/"):
+                reads = [tf.convert_to_tensor(v) for v in self._vars.values()
+                         if v.dtype.base_dtype.is_floating]
+                flag = graph_flag(reads, nan_only=False)
+                self._watch = tf.constant(False) if flag is None else flag
+        self.session.run(self.target.train_op, feed_dict=feed)
+        return bool(self.session.run(self._watch))
+
+    def _diagnose(self, pre: dict[str, np.ndarray], feed: dict) -> tuple[OpRef, str, tuple | None]:
+        """A training step left a variable non-finite: from the state it started from, evaluate the
+        loss's gradient graph op by op. The first op with finite inputs and a non-finite output
+        names the backward phase (by the forward op it differentiates, and the key of that op's
+        backward-hazard site when it has one); none: the update."""
+        self.set_state(pre)
+        ops, flags = self._gradient_graph()
+        if flags:
+            values = self.session.run(flags, feed_dict=feed)
+            for op, (in_ok, out_bad) in zip(ops, values):
+                if out_bad and in_ok:
+                    forward = _forward_of(self.graph, op.name)
+                    if forward is not None:
+                        spec = self.catalogue.for_tf(forward.type)
+                        grad = next((c for c in self._instrument().calls if c.spec.phase == "backward"
+                                     and c.origin is not None and c.origin.op is forward and not c.origin.path), None)
+                        return (OpRef(spec.name if spec is not None else forward.type,
+                                      f"{forward.type}:{forward.name} (backward)", traceback_location(forward),
+                                      grad.occurrence if grad is not None else 0), "backward",
+                                grad.key if grad is not None else None)
+                    return OpRef(op.type, f"{op.type}:{op.name} (backward)", "<not located>", 0), "backward", None
+        train_op = self.target.train_op
+        train_op = train_op if hasattr(train_op, "traceback") else getattr(train_op, "op", train_op)
+        return OpRef("update", f"{getattr(train_op, 'type', 'train_op')}:{getattr(train_op, 'name', '')}",
+                     traceback_location(train_op), 0), "update", None
+
+    def _gradient_graph(self) -> tuple[list, list]:
+        """The ops of ``tf.gradients(loss, trainable variables)`` (built once, in creation order:
+        from the loss backwards) and, per op, (inputs finite, outputs non-finite) flags."""
+        if self._diag is None:
+            self._unfinalize()
+            ops, flags = [], []
+            with self.graph.as_default():
+                before = set(self.graph.get_operations())
+                with tf.compat.v1.name_scope("cdeepfuzz/diagnosis/"):
+                    tf.gradients(self.loss, self._trainable) if self._trainable else None
+                new = [op for op in self.graph.get_operations() if op not in before]
+                with tf.compat.v1.name_scope("cdeepfuzz/diagnosis_flags/"):
+                    for op in new:
+                        out_bad = graph_flag(list(op.outputs), nan_only=False)
+                        if out_bad is None or "/gradients" not in "/" + op.name:
+                            continue
+                        in_ok = graph_flag(list(op.inputs), nan_only=False, negate=True)
+                        ops.append(op)
+                        flags.append((tf.constant(True) if in_ok is None else in_ok, out_bad))
+            self._diag = (ops, flags)
+        return self._diag
+
+
+def _forward_of(graph, grad_op_name: str):
+    """The forward op a gradient op differentiates: ``.../gradients/enc/Sqrt_grad/mul`` is the
+    gradient of ``enc/Sqrt``."""
+    parts = grad_op_name.split("/")
+    if "gradients" not in parts:
+        return None
+    rest = parts[parts.index("gradients") + 1:]
+    for i, part in enumerate(rest):
+        if part.endswith("_grad"):
+            name = "/".join(rest[:i] + [part[: -len("_grad")]])
+            try:
+                return graph.get_operation_by_name(name)
+            except (KeyError, ValueError):
+                return None
+    return None
 
 
 def _ancestors(ops: list) -> list:

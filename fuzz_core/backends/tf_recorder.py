@@ -118,6 +118,12 @@ def _dtype_limit(name: str, dtype_name: str) -> float:
     if name == "expm1_max":
         return _bisect(lambda v: math.isfinite(_eager_value(tf.math.expm1, v, dtype_name)), 0.0, 1000.0,
                        dtype_name)
+    if name == "rsqrt_grad_min":   # largest x > 0 where rsqrt's gradient -x**-1.5 / 2 overflows
+        return _bisect(lambda v: not math.isfinite(_eager_value(lambda t: 0.5 * tf.math.rsqrt(t) ** 3, v,
+                                                                dtype_name)), tiny_of(dtype_name), 1.0, dtype_name)
+    if name == "reciprocal_grad_max":   # largest x > 0 where reciprocal's gradient -(1/x)**2 overflows
+        return _bisect(lambda v: not math.isfinite(_eager_value(lambda t: tf.math.reciprocal(t) * tf.math.reciprocal(t),
+                                                                v, dtype_name)), tiny_of(dtype_name), 1.0, dtype_name)
     if name == "digamma_radius":   # largest x > 0 where digamma(x) = -inf (-1/x overflows)
         lo = tiny_of(dtype_name)
         if math.isfinite(_eager_value(tf.math.digamma, lo, dtype_name)):

@@ -18,10 +18,10 @@ from fuzz_core.backends.base import (
     collect_grads,
 )
 from fuzz_core.backends.base import OpRef
-from fuzz_core.backends.torch_recorder import LOCATOR, Recorder, RecordingMode, WatchMode, any_nonfinite
+from fuzz_core.backends.torch_recorder import Recorder, RecordingMode, WatchMode, any_nonfinite
 from fuzz_core.backends.torch_state import TorchState, WriteWatch
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue, log_floor
-from fuzz_core.sites import OpSite
+from fuzz_core.sites import OpSite, relative_path
 from fuzz_core.target import Target, TargetError
 
 
@@ -244,7 +244,7 @@ class TorchRunner(TargetBatches):
             recorder, out = self._forward(batch, seed, locate_all=True)
         flags = recorder.resolve([any_nonfinite(out)])
         loss = program_loss(out)
-        first = recorder.first_event(flags, flags[-1], LOCATOR.locate(1))
+        first = recorder.first_event(flags, flags[-1], _where(self.target.program))
         result = CheckResult(first is not None, first, recorder.triggered_sites(flags), _scalar(loss),
                              "forward" if first is not None else None)
         if first is None and self.trains and loss is not None:
@@ -269,7 +269,7 @@ class TorchRunner(TargetBatches):
         call = recorder.find(site.key)
         margin = call.spec.margins(call.inputs, XP) if call is not None else None
         flags = recorder.resolve([any_nonfinite(out)])
-        first = recorder.first_event(flags, flags[-1], site.location)
+        first = recorder.first_event(flags, flags[-1], _where(self.target.program))
         ev = Evaluation(seen=margin is not None, hard=math.inf, log_loss=math.inf,
                         triggered=call is not None and recorder.triggered(flags, call),
                         event=first is not None, first_op=first, program_loss=_scalar(loss),
@@ -368,9 +368,17 @@ class TorchRunner(TargetBatches):
         update = recorder.first_update()
         if update is not None:
             kind, location = update
+            if self.target.train_step is None:      # the engine stepped the optimizer: name the program
+                location = _where(self.target.program)
             opt = type(self._optimizers[0]).__name__ if self._optimizers else "train_step"
             return OpRef("update", f"{opt}: {kind}", location, 0), None
         return OpRef(phase, phase, "<not located: replay names it>", 0), None
+
+
+def _where(fn: Any) -> str:
+    """``path:line`` of a function's definition (repo-relative), for what has no call site of its own."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return f"{relative_path(code.co_filename)}:{code.co_firstlineno}" if code is not None else "<program>"
 
 
 def _nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -387,7 +395,7 @@ def _nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:
 def _grads(loss: torch.Tensor, names: list[str], targets: list[torch.Tensor],
            retain: bool) -> tuple[dict[str, np.ndarray], float, bool]:
     grads = torch.autograd.grad(loss, targets, allow_unused=True, retain_graph=retain)
-    return collect_grads(names, targets, grads, lambda g: g.detach().cpu().double().numpy())
+    return collect_grads(names, [tuple(t.shape) for t in targets], grads, lambda g: g.detach().cpu().double().numpy())
 
 
 def _scalar(t: torch.Tensor | None) -> float:
