@@ -38,6 +38,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from records import check_run
+
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 BIN = Path(sys.executable).parent
@@ -121,6 +123,9 @@ def test_rayjob_manifest_runs_a_campaign_with_an_mlflow_server():
     spec = job["spec"]
     entry = spec["entrypoint"]
     assert "cdeepfuzz run campaigns/" in entry
+    # findings are a success through --ok-on-findings; never `|| test $? -eq 1`, which made any crash
+    # that exits 1 (and exit 1 meant "findings") a SUCCEEDED job
+    assert "--ok-on-findings" in entry and "test $?" not in entry
     campaign = entry.split("cdeepfuzz run ", 1)[1].split()[0]
     output = entry.split("--output ", 1)[1].split()[0]
     assert Path(output).is_absolute(), "a cluster run needs an absolute output"
@@ -278,11 +283,11 @@ def stack():
     """A Ray head with its dashboard and metrics endpoint, and an MLflow server, on loopback."""
     from ray._private.utils import get_dashboard_dependency_error
 
-    if get_dashboard_dependency_error() is not None:
-        pytest.skip("needs ray[default] (pip install -e '.[cluster]') for the dashboard and `ray job submit`")
+    if get_dashboard_dependency_error() is not None:   # a missing precondition fails, never skips
+        pytest.fail("needs ray[default] (pip install -e '.[cluster]') for the dashboard and `ray job submit`")
     for tool in ("ray", "mlflow", "cdeepfuzz"):
         if not (BIN / tool).exists():
-            pytest.skip(f"{tool} is not installed next to {sys.executable}")
+            pytest.fail(f"{tool} is not installed next to {sys.executable}")
 
     tmp = Path(tempfile.mkdtemp(prefix="cdfc-", dir="/tmp"))     # short: Unix socket paths
     (gcs, dash, metrics, agent_http, agent_grpc, env_agent, node_mgr, obj_mgr, client, mlflow_port) = _free_ports(10)
@@ -357,15 +362,6 @@ def _submit(stack, job_id: str, working_dir: Path, entrypoint: list[str], env_va
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def _controller_reports_metrics() -> bool:
-    """Whether the controller calls CampaignMetrics itself (then `cdeepfuzz run` exports them too)."""
-    import inspect
-
-    from orchestrator.run.controller import Controller
-
-    return "CampaignMetrics" in inspect.getsource(Controller)
-
-
 def _cdeepfuzz_series(text: str | None, campaign: str) -> dict[str, list[str]]:
     series: dict[str, list[str]] = {}
     for line in (text or "").splitlines():
@@ -376,7 +372,8 @@ def _cdeepfuzz_series(text: str | None, campaign: str) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def jobs(stack):
-    """Two campaigns submitted at once: `cdeepfuzz run` as the docs show, and launch.py (with metrics).
+    """Two campaigns submitted at once: `cdeepfuzz run` as the docs show, and `cdeepfuzz run --cluster`
+    (what launch.py was: it joins the cluster of this node; with metrics).
 
     While they run, the head's Prometheus endpoint is polled: gauges of a finished driver
     disappear from it some seconds after the driver exits (counters stay).
@@ -384,10 +381,10 @@ def jobs(stack):
     tmp = stack["tmp"]
     submitted = {
         # deploy/README.md's recipe: findings (exit 1) still make the job SUCCEEDED.
-        "run": ("cluster-run", ["bash", "-c", f"cdeepfuzz run campaigns/cluster-run.yaml "
-                                              f"--tracking-uri {stack['tracking']} || test $? -eq 1"], None),
-        # The launch.py path, tracking from the environment as on KubeRay.
-        "launch": ("cluster-metrics", ["python", "-m", "orchestrator.commands.run", "campaigns/cluster-metrics.yaml",
+        "run": ("cluster-run", ["cdeepfuzz", "run", "campaigns/cluster-run.yaml", "--tracking-uri",
+                                stack["tracking"], "--ok-on-findings"], None),
+        # The former launch.py path: --cluster, tracking from the environment as on KubeRay.
+        "launch": ("cluster-metrics", ["cdeepfuzz", "run", "campaigns/cluster-metrics.yaml", "--cluster",
                                        "--ok-on-findings", "--plain"],
                    {"MLFLOW_TRACKING_URI": stack["tracking"]}),
     }
@@ -398,7 +395,7 @@ def jobs(stack):
         _submit(stack, ids[key], work, entrypoint, env_vars)
     info: dict[str, dict] = {}
     metrics: dict[str, list[str]] = {}     # "<campaign>/<series name>" -> lines
-    wanted = ["cluster-metrics"] + (["cluster-run"] if _controller_reports_metrics() else [])
+    wanted = ["cluster-metrics", "cluster-run"]
     deadline = time.monotonic() + JOB_TIMEOUT_S
     try:
         while time.monotonic() < deadline:
@@ -441,7 +438,7 @@ def test_ray_job_submit_runs_a_campaign_tracked_in_mlflow(stack, jobs):
 
     # The run folder is on the absolute output; the campaign itself exited 1 (findings).
     (summary_path,) = (stack["tmp"] / "runs" / "cluster-run").glob("cluster-run-*/summary.json")
-    summary = json.loads(summary_path.read_text())
+    summary = check_run(summary_path.parent)
     assert summary["run"]["executor"] == "ray" and summary["run"]["exit_code"] == 1
     assert summary["run"]["tracking_uri"] == stack["tracking"]
     found = {(s["target"], s["op"]) for s in summary["sites"] if s["status"] == "found"}
@@ -454,23 +451,22 @@ def test_ray_job_submit_runs_a_campaign_tracked_in_mlflow(stack, jobs):
                           text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert bugs.returncode == 0, bugs.stderr
     listed = json.loads(bugs.stdout)
-    assert {b["site_id"] for b in listed} == {s["id"] for s in summary["sites"] if s["status"] == "found"}
-    assert all(b["triage"] == "new" and b["campaign"] == "cluster-run" for b in listed)
-
-    if _controller_reports_metrics():     # `cdeepfuzz run` itself exports the live metrics
-        seen = {k.split("/", 1)[1] for k in jobs["metrics"] if k.startswith("cluster-run/")}
-        assert set(METRIC_NAMES) <= seen, f"seen: {sorted(jobs['metrics'])}"
+    assert {s for b in listed for s in b["site_ids"]} == {s["id"] for s in summary["sites"] if s["status"] == "found"}
+    assert all(b["triage"] == "new" and b["campaigns"] == ["cluster-run"] for b in listed)
+    seen = {k.split("/", 1)[1] for k in jobs["metrics"] if k.startswith("cluster-run/")}
+    assert set(METRIC_NAMES) <= seen, f"seen: {sorted(jobs['metrics'])}"     # `cdeepfuzz run` exports them
 
 
-def test_launch_script_runs_on_the_cluster_and_exports_metrics(stack, jobs):
+def test_run_cluster_joins_the_cluster_of_this_node_and_exports_metrics(stack, jobs):
     job_id = jobs["ids"]["launch"]
     info = jobs["info"].get("launch")
     logs = _ray(stack, "job", "logs", "--address", stack["dashboard"], job_id)
     assert info is not None and info["status"] == "SUCCEEDED", f"{info}\n{logs.stdout[-3000:]}"
-    assert "cdeepfuzz launch: 2 finding(s), exit code 0" in logs.stdout + logs.stderr, logs.stdout[-3000:]
-    assert "\x1b[" not in logs.stdout.split("Running entrypoint", 1)[-1], "launch.py joins Ray without colours"
+    assert "cdeepfuzz: 2 finding(s)" in logs.stdout + logs.stderr, logs.stdout[-3000:]
+    assert "\x1b[" not in logs.stdout.split("Running entrypoint", 1)[-1], "Ray is joined without colours"
     (summary_path,) = (stack["tmp"] / "runs" / "cluster-metrics").glob("cluster-metrics-*/summary.json")
-    summary = json.loads(summary_path.read_text())
+    summary = check_run(summary_path.parent)
+    assert summary["run"]["exit_code"] == 1 and summary["run"]["executor"] == "ray"
     assert summary["run"]["tracking_uri"] == stack["tracking"], "tracking from MLFLOW_TRACKING_URI"
 
     # The head's Prometheus endpoint showed the per-site gauges and the counters.
@@ -483,16 +479,84 @@ def test_launch_script_runs_on_the_cluster_and_exports_metrics(stack, jobs):
     assert any('op="log"' in line for line in metrics["ray_cdeepfuzz_findings_total"])
 
 
-# -- launch.py without a cluster ---------------------------------------------------------------------
-def test_launch_script_runs_standalone_as_ray_submit_copies_it(tmp_path: Path):
-    copy_ = tmp_path / "launch.py"                 # `ray submit` runs ~/launch.py, alone in the home dir
-    shutil.copy(REPO / "orchestrator" / "commands" / "run.py", copy_)
-    done = subprocess.run([sys.executable, str(copy_), "--help"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 0 and "--ok-on-findings" in done.stdout, done.stderr
+def test_ray_job_stop_stops_a_running_campaign_cleanly_and_it_resumes(stack):
+    """`ray job stop` sends SIGTERM: the driver records every live site as stopped (reason signal), closes
+    the MLflow runs KILLED and says how to resume; the run then resumes to the end (here with --local)."""
+    from mlflow.tracking import MlflowClient
+
+    tmp = stack["tmp"]
+    work = tmp / "job-stop"
+    (work / "tests" / "targets").mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "targets" / "faults.py", work / "tests" / "targets" / "faults.py")
+    hold, mark, output = tmp / "stop-hold", tmp / "stop-mark", tmp / "runs" / "stopme"
+    (work / "campaigns").mkdir()
+    (work / "campaigns" / "stopme.yaml").write_text(textwrap.dedent(f"""\
+        name: stopme
+        targets:
+          - {{name: quick, entry: tests/targets/faults.py:make_target}}
+          - {{name: held, entry: tests/targets/faults.py:make_target, args: {{hold: '{hold}', mark: '{mark}', after: 4}}}}
+        search: {{strategy: adaptive, max_steps: 200, seed: 0}}
+        scheduler: {{policy: round-robin, quantum: 10}}
+        resources: {{num_actors: 1, num_cpus: 1, num_gpus: 0}}
+        device: cpu
+        output: {output}
+        """))
+    hold.touch()
+    job_id = f"cdf-stop-{os.getpid()}-{int(time.time())}"
+    try:
+        _submit(stack, job_id, work, ["cdeepfuzz", "run", "campaigns/stopme.yaml", "--plain"],
+                {"MLFLOW_TRACKING_URI": stack["tracking"], "RAY_JOB_STOP_WAIT_TIME_S": "30"})
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not mark.exists():               # the held program waits inside a step, on the actor
+            status = (_get_json(f"{stack['dashboard']}/api/jobs/{job_id}") or {}).get("status")
+            assert status in (None, "PENDING", "RUNNING"), _ray(stack, "job", "logs", "--address",
+                                                                 stack["dashboard"], job_id).stdout[-3000:]
+            assert time.monotonic() < deadline, "the held program never started its step"
+            time.sleep(0.2)
+        stopped = _ray(stack, "job", "stop", "--address", stack["dashboard"], job_id, timeout=120)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        info = _get_json(f"{stack['dashboard']}/api/jobs/{job_id}") or {}
+        assert info.get("status") == "STOPPED", info
+    finally:
+        hold.unlink(missing_ok=True)
+        _ray(stack, "job", "stop", "--address", stack["dashboard"], "--no-wait", job_id)
+    logs = _ray(stack, "job", "logs", "--address", stack["dashboard"], job_id).stdout
+    (run_dir,) = output.glob("stopme-*")
+    ours = [line for line in logs.splitlines() if line.startswith("cdeepfuzz:")]
+    assert ours[-1].endswith(f"cdeepfuzz run --resume {run_dir}"), logs[-3000:]
+    assert "*** SIGTERM received" not in logs, "Ray's abort handler ran instead of ours"
+    summary = check_run(run_dir)
+    run = summary["run"]
+    assert (run["state"], run["exit_reason"], run["exit_code"], run["executor"]) == ("stopped", "signal", 4, "ray")
+    sites = {s["target"]: s for s in summary["sites"]}
+    assert (sites["quick"]["status"], sites["held"]["status"], sites["held"]["exit_reason"]) == (
+        "found", "stopped", "signal")
+    client = MlflowClient(stack["tracking"])
+    assert client.get_run(run["mlflow_run_id"]).info.status == "KILLED"
+    assert client.get_run(sites["held"]["mlflow_run_id"]).info.status == "KILLED"
+    assert client.get_run(sites["quick"]["mlflow_run_id"]).info.status == "FINISHED"
+
+    env = {k: v for k, v in stack["env"].items() if k != "RAY_metrics_report_interval_ms"}
+    resumed = subprocess.run([str(BIN / "cdeepfuzz"), "run", "--resume", str(run_dir), "--local", "--plain"],
+                             cwd=work, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert resumed.returncode == 1, resumed.stderr[-3000:]
+    after = check_run(run_dir)
+    assert after["run"]["state"] == "completed" and after["run"]["mlflow_run_id"] == run["mlflow_run_id"]
+    assert {s["status"] for s in after["sites"]} == {"found"}
+    assert client.get_run(run["mlflow_run_id"]).info.status == "FINISHED"
 
 
-def test_launch_finds_the_campaign_in_the_synced_project(tmp_path: Path, monkeypatch):
+# -- `cdeepfuzz run` on a cluster, without one ------------------------------------------------------
+def test_run_has_the_former_launch_options():
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0
+    for option in ("--cluster", "--project-dir", "--ok-on-findings", "--no-metrics", "--address", "--resume"):
+        assert option in done.stdout, option
+    assert not (REPO / "orchestrator" / "launch.py").exists(), "one argument parser: cdeepfuzz run"
+
+
+def test_run_finds_the_campaign_in_the_synced_project(tmp_path: Path, monkeypatch):
     from orchestrator.commands import run as launch
 
     home = tmp_path / "home"
@@ -515,17 +579,15 @@ def test_launch_finds_the_campaign_in_the_synced_project(tmp_path: Path, monkeyp
     assert launch.default_output("s3://bucket/runs") == "s3://bucket/runs"
 
 
-def test_launch_refuses_a_cluster_run_without_an_mlflow_server(tmp_path: Path, monkeypatch, capsys):
-    from orchestrator.commands import run as launch
-
+def test_run_refuses_a_cluster_run_without_an_mlflow_server(tmp_path: Path):
     _write_job_dir(tmp_path, "no-server", tmp_path / "runs")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("RAY_ADDRESS", "auto")          # restored after the test; main() sets it too
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("CDEEPFUZZ_PROJECT_DIR", raising=False)
-    assert launch.main(["campaigns/no-server.yaml"]) == 2
-    assert "no MLflow server" in capsys.readouterr().err
-    assert launch.main(["campaigns/missing.yaml"]) == 2
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "CDEEPFUZZ_PROJECT_DIR")}
+    for args, message in ((["campaigns/no-server.yaml", "--address", "auto"], "MLflow server"),
+                          (["campaigns/missing.yaml", "--cluster"], "no such campaign file")):
+        done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "runs").exists(), "nothing is written before the checks pass"
 
 
@@ -541,7 +603,7 @@ def test_campaign_metrics_are_a_no_op_without_ray(monkeypatch):
 
 
 def test_campaign_metrics_disabled_export_nothing_even_with_ray(monkeypatch):
-    """``launch.py --no-metrics`` reaches the controller as CampaignMetrics(enabled=False)."""
+    """``cdeepfuzz run --no-metrics`` reaches the metrics observer as CampaignMetrics(enabled=False)."""
     from orchestrator.observers import metrics as m
 
     made = []

@@ -132,7 +132,7 @@ def replay(folder: Path = typer.Argument(..., help="a finding folder"),
     except ReplayError as exc:
         _fail(str(exc))
     except TargetBroken as exc:
-        _target_failed(f"target of {folder}", exc.failure)
+        _target_failed(f"target {exc.name}", exc.failure)
     typer.echo(message)
     raise typer.Exit(0 if reproduced else 1)
 
@@ -246,11 +246,11 @@ def fix(folder: Path = typer.Argument(..., help="a finding folder"),
         try:
             section = suggest_and_verify(folder, budget, device=device, runner=runner)
         except Exception as exc:  # noqa: BLE001 - the program raised under the guard, or CDeepFuzz did
-            raise TargetBroken(from_exception(exc)) from None
+            raise TargetBroken(str(report["target"].get("name", "")), from_exception(exc)) from None
     except (FindingError, ReplayError) as exc:
         _fail(str(exc))
     except TargetBroken as exc:
-        _target_failed(f"target of {folder}", exc.failure)
+        _target_failed(f"target {exc.name}", exc.failure)
     typer.echo(section["message"])
     for attempt in section.get("attempts", []):
         residual = attempt.get("residual") or {}
@@ -268,6 +268,14 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception:  # noqa: BLE001 - CDeepFuzz itself failed: never exit 1 ("findings") for it
+        import traceback
+
+        from orchestrator.run.failures import BUG_REPORT
+
+        traceback.print_exc()
+        print(f"cdeepfuzz: INTERNAL ERROR of CDeepFuzz ({BUG_REPORT})", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERNAL)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,9 @@ class ReplayError(ValueError):
 class TargetBroken(Exception):
     """The finding's target could not be built, or its program raised (exit 3; 5 when it is CDeepFuzz's)."""
 
-    def __init__(self, failure) -> None:
+    def __init__(self, name: str, failure) -> None:
         super().__init__(failure.message)
+        self.name = name
         self.failure = failure
 
 
@@ -33,7 +34,7 @@ def build_target(spec: TargetSpec, options: RunnerOptions):
     try:
         return build_runner(spec, options)
     except Exception as exc:  # noqa: BLE001 - the user's factory, or CDeepFuzz: classified
-        raise TargetBroken(from_exception(exc)) from None
+        raise TargetBroken(spec.name, from_exception(exc)) from None
 
 
 def check_trusted(entry: str, trust: bool) -> None:
@@ -80,7 +81,7 @@ def replay_folder(folder: Path, trust: bool = False, device: str = "cpu") -> tup
     except Exception as exc:  # noqa: BLE001 - the program raised (or CDeepFuzz did): classified
         from orchestrator.run.failures import from_exception
 
-        raise TargetBroken(from_exception(exc)) from None
+        raise TargetBroken(spec.name, from_exception(exc)) from None
     first = result.first_op
     where = f"{first.kind} at {first.location}" if first else "none"
     phase = (f" ({result.phase})" if result.phase and result.phase != "forward" and first is not None

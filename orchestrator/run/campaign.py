@@ -174,7 +174,8 @@ def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop
         record.error = record.traceback = None
         record.tracking_uri = uri
     store.put_run(record)
-    t0 = time.monotonic() - record.seconds
+    began = time.monotonic()               # time_limit_s counts from here: a resumed run gets it again
+    t0 = began - record.seconds            # run.seconds adds up over resumes
     observers, view, summary_writer, tracking = _observers(campaign, run_dir, root, store, record, uri, options, t0)
     config = search_config(campaign)
     ctl = Controller(campaign, run_dir, executor, specs, config,
@@ -193,13 +194,13 @@ def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop
                     replay_known_bugs(ctl, root, uri)
             else:
                 ctl.restore()
-            ctl.run(started=t0)
+            ctl.run(started=began)
             record.state = RunState.STOPPED if stop.reason else RunState.COMPLETED
             record.exit_reason = stop.reason or ExitReason.COMPLETED
         except (StopRun, KeyboardInterrupt) as exc:     # before the loop (the reuse phase)
             reason = exc.reason if isinstance(exc, StopRun) else ExitReason.INTERRUPTED
             stop.request(reason)
-            ctl.run(started=t0)         # records every live site as stopped
+            ctl.run(started=began)         # records every live site as stopped
             record.state, record.exit_reason = RunState.STOPPED, reason
         except Exception as exc:  # noqa: BLE001 - CDeepFuzz itself failed: say so, keep what was written
             record.state, record.exit_reason = RunState.FAILED, ExitReason.INTERNAL_ERROR
@@ -208,7 +209,7 @@ def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop
             log.debug("internal error", exc_info=True)
             try:
                 stop.request(ExitReason.INTERNAL_ERROR)
-                ctl.run(started=t0)
+                ctl.run(started=began)
             except Exception:  # noqa: BLE001
                 log.exception("could not record the live sites as stopped")
         finally:
@@ -302,5 +303,6 @@ def _ray_executor(campaign: Campaign, address: str | None, stop: StopRequest):
 
     res = campaign.resources
     num_gpus = ensure_ray(address, res)
+    stop.reinstall()          # ray.init replaced SIGTERM's handler with one that aborts (exit 134)
     return RayExecutor(worker_options(campaign), res.num_actors, res.num_cpus,
                        res.num_gpus if num_gpus else 0.0, res.max_restarts, campaign.quantum_timeout_s, stop)

@@ -266,6 +266,8 @@ class Controller:
         every live site as stopped (with the reason)."""
         t0 = time.monotonic() if started is None else started
         deadline = t0 + self.limits.time_limit_s
+        if hasattr(self.executor, "deadline"):
+            self.executor.deadline = deadline
         stop = self.stop_request
         try:
             while not self.scheduler.done and stop.reason is None:
@@ -379,7 +381,7 @@ class Controller:
                              traceback=failure and failure.traceback)
                 if failure is not None:
                     self._events.append(lambda: self.observers.message(
-                        failures.describe(f"site {rec.site.label}", failure)))
+                        failures.describe(f"site {rec.site.label}", failure, "its program raised")))
 
     def _retire(self, rec: SiteRecord, status: SiteStatus, reason: ExitReason, *, error: str | None = None,
                 traceback: str | None = None) -> None:
@@ -468,9 +470,7 @@ def _outcome_status(result, finding) -> tuple[SiteStatus, ExitReason, failures.F
     status = result.status
     given = getattr(result, "exit_reason", ExitReason.NONE)
     if status is SiteStatus.ERROR:
-        failure = failures.from_quantum_error(result.error)
-        if given not in (ExitReason.NONE, failure.reason):
-            failure = dataclasses.replace(failure, reason=given)
+        failure = failures.from_quantum(result.error, given)
         return SiteStatus.ERROR, failure.reason, failure
     if status in (SiteStatus.FOUND, SiteStatus.FLAKY):     # a candidate that did not replay: go on
         return SiteStatus.SEARCHING, ExitReason.NONE, None
@@ -486,12 +486,8 @@ def _outcome_status(result, finding) -> tuple[SiteStatus, ExitReason, failures.F
 
 
 def _failure_of(outcome: BaseException) -> failures.Failure:
-    """A task that raised: the user's target (a TargetFailure, also inside a RayTaskError) or the tool."""
-    cause = getattr(outcome, "cause", None)
-    for exc in (outcome, cause):
-        if isinstance(exc, TargetFailure):
-            return failures.from_target_failure(exc)
-    return failures.from_exception(cause if isinstance(cause, BaseException) else outcome)
+    """A task that raised: the user's target (a TargetFailure, also inside a Ray task error) or the tool."""
+    return failures.from_escaped(outcome)
 
 
 def finite(x: float) -> float:

@@ -19,7 +19,9 @@ from typing import Any, Iterator
 from fuzz_core.engine import TargetSpec
 from fuzz_core.search import SearchConfig
 from fuzz_core.sites import OpSite
+from fuzz_core.status import ExitReason
 from orchestrator.run.replays import KnownBug, ReplayOutcome, replay_known
+from orchestrator.run.stopping import StopRun
 from orchestrator.worker import QuantumOutcome, TargetFailure, Worker, WorkerOptions
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,7 @@ class LocalExecutor:
         self.slots = 1
         self.timeout = quantum_timeout_s
         self.stop = stop
+        self.deadline: float | None = None     # the campaign's time limit (monotonic): a quantum stops there too
         self._queue: deque[Task] = deque()
 
     @property
@@ -117,13 +120,17 @@ class LocalExecutor:
         task = self._queue.popleft()
         task.started = time.monotonic()
         interruptible = self.stop.interruptible() if self.stop is not None else nullcontext()
+        left = self.deadline - task.started if self.deadline is not None else float("inf")
+        limit = min(self.timeout, max(left, 0.001))
         try:
-            with interruptible, time_limit(self.timeout):
+            with interruptible, time_limit(limit):
                 outcome = self.worker.run(task.spec, task.site, task.config, task.steps, task.refresh,
                                           task.checkpoint)
             return [(task, outcome)]
         except _OverTime:
             self._forget(task)
+            if limit < self.timeout:                 # the campaign's time limit, not the quantum's
+                raise StopRun(ExitReason.TIME_LIMIT) from None
             log.warning("quantum of %s over %.0fs: interrupted", task.site.label, self.timeout)
             return [(task, QuantumTimeout(f"quantum over {self.timeout:g}s"))]
         except Exception as exc:  # noqa: BLE001 - handed to the controller

@@ -73,6 +73,7 @@ class RayExecutor:
     def __init__(self, options: WorkerOptions, num_actors: int, num_cpus: float, num_gpus: float,
                  max_restarts: int, quantum_timeout_s: float, stop=None) -> None:
         self.stop = stop
+        self.deadline: float | None = None    # the controller checks the campaign's time limit between waits
         env = {"CDEEPFUZZ_GPU_SHARE": str(num_gpus)} if num_gpus else {}
         actor_options = dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
                              max_task_retries=0, runtime_env={"env_vars": env} if env else None)

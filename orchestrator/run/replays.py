@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from fuzz_core.backends.base import RunnerOptions
-from fuzz_core.engine import TargetSpec, build_runner, confirmed, replay
+from fuzz_core.engine import TargetSpec, confirmed, fresh_runner, replay
 from fuzz_core.findings import LoadedFinding
 
 
@@ -41,22 +41,19 @@ class ReplayOutcome:
 
 
 def replay_known(worker, bug: KnownBug) -> ReplayOutcome:
-    """Replay ``bug`` with ``worker``'s runner of its target (or a fresh one for another seed)."""
+    """Replay ``bug`` in a fresh build of its target (from the seed its reproducer was found with)."""
     from orchestrator.run.failures import from_exception
 
     try:
-        if bug.seed == bug.spec.seed:
-            runner = worker.runner(bug.spec)
-        else:
-            runner = build_runner(dataclasses.replace(bug.spec, seed=bug.seed),
-                                  RunnerOptions(device=worker.options.device))
+        live = tuple(r for r in [worker.runners.get(bug.spec.name)] if r is not None)
+        runner = fresh_runner(dataclasses.replace(bug.spec, seed=bug.seed),
+                              RunnerOptions(device=worker.options.device, search_weights=worker.options.search_weights),
+                              live)
         loaded = LoadedFinding(Path(bug.folder), bug.report, bug.inputs, bug.values_state)
         result = replay(runner, loaded)
         first = result.first_op
-        return ReplayOutcome(bug.signature, confirmed(result, loaded.site),
+        return ReplayOutcome(bug.signature, confirmed(result, loaded.site, loaded.report),
                              f"{first.kind} at {first.location}" if first else None)
     except Exception as exc:  # noqa: BLE001 - reported per bug, the campaign goes on
         failure = from_exception(exc)
         return ReplayOutcome(bug.signature, None, error=failure.message, traceback=failure.traceback)
-    finally:
-        worker.owner.pop(bug.spec.name, None)     # the runner's state is the replay's now, not a site's

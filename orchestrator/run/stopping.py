@@ -64,9 +64,15 @@ class StopRequest:
         self.request(SIGNALS[signum])
         self.signal_name = self.signal_name or signal.Signals(signum).name
         if first:
-            log.warning("%s received: stopping the campaign", signal.Signals(signum).name)
+            log.warning("stopping the campaign (%s)", signal.Signals(signum).name)
         if self._interruptible:
             raise StopRun(self.reason or SIGNALS[signum])
+
+    def reinstall(self) -> None:
+        """Take SIGTERM and SIGINT back after a library replaced the handlers (``ray.init`` does)."""
+        if self._previous and threading.current_thread() is threading.main_thread():
+            for signum in SIGNALS:
+                signal.signal(signum, self._handle)
 
     @contextmanager
     def installed(self) -> Iterator["StopRequest"]:
