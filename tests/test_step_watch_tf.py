@@ -126,3 +126,33 @@ def test_tf1_adam_writing_nan_is_found_in_the_update_phase():
     assert cand.first_op.location == f"{HERE}:{_line('TF-ADAM')}"
     finding = finding_from(runner, TargetSpec("adam", f"{HERE}:adam_zero_eps"), site, config, cand, result.seconds)
     assert finding.replays == (3, 3) and finding.state is not None
+
+
+def dropout_net(seed: int = 0) -> GraphTarget:
+    """A classifier that trains with dropout: tf.nn.dropout divides by 1 - rate inside TensorFlow."""
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.set_random_seed(seed)
+        x = v1.placeholder(tf.float32, [None, 4], name="x")
+        keep = v1.placeholder_with_default(0.5, [], name="keep")
+        w = v1.get_variable("w", [4, 3], initializer=v1.glorot_uniform_initializer(seed=seed))
+        h = tf.nn.dropout(tf.nn.relu(tf.matmul(x, w)), rate=1 - keep)          # DROPOUT
+        p = tf.nn.softmax(h)
+        loss = -tf.reduce_mean(tf.math.log(p[:, 0]))                          # DROPOUT-LOG
+        train_op = v1.train.GradientDescentOptimizer(0.01).minimize(loss)
+        session = v1.Session(graph=graph)
+        session.run(v1.global_variables_initializer())
+    return GraphTarget(graph=graph, session=session, feeds={"x": x}, loss=loss, train_op=train_op,
+                       sample=lambda rng: {"x": rng.uniform(0, 1, (8, 4)).astype(np.float32)},
+                       bounds={"x": (0.0, 1.0)}, search=["x"])
+
+
+def test_a_frameworks_own_division_that_nothing_can_move_is_retired_at_once_even_while_training():
+    runner = GraphRunner("drop", dropout_net())
+    sites = {s.op: s for s in discover_sites(runner, 0)}
+    div = sites["div"]
+    assert div.location == f"{HERE}:{_line('DROPOUT')}", "attributed to the user's call"
+    result = search_site(runner, div, SearchConfig("adaptive", 200, 0))
+    assert result.status is SiteStatus.UNREACHABLE and result.steps <= 2
+    log = search_site(runner, sites["log"], SearchConfig("adaptive", 30, 0))
+    assert log.status is not SiteStatus.UNREACHABLE, "the user's own log is searched"

@@ -49,6 +49,8 @@ class Evaluation:
     log_grads: dict[str, np.ndarray] | None = None   # of log_loss (ops measured in log space)
     grad_norm: float = 0.0
     connected: bool = False             # some searched value has a gradient path to the margin
+    movable: bool = True                # something the search or the program's training changes reaches
+                                        # the margin (False: constant, a divisor fixed at 1 - rate, ...)
     program_loss: float = float("nan")
     trained: bool = False
     weights: dict[str, np.ndarray] | None = None  # searched weights after the program's training step

@@ -323,7 +323,8 @@ class EagerRunner(TargetBatches):
         targets = [_tf_var(leaves[n]) for n in names]
         grads = tape.gradient(hard, targets)
         if all(g is None for g in grads) and not self._depends_on_params(tape, hard, targets):
-            return          # no path from any value that could carry a gradient (torch: not requires_grad)
+            ev.movable = False   # no path from any value that could carry a gradient (torch: not requires_grad)
+            return
         shapes = [tuple(t.shape) for t in targets]
         ev.grads, ev.grad_norm, ev.connected = _collect(names, shapes, grads)
         if log_space and math.isfinite(ev.log_loss):

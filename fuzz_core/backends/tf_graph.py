@@ -395,6 +395,7 @@ class GraphRunner(TargetBatches):
                         event=first is not None, first_op=first, program_loss=_scalar(res["loss"]))
         if seen:
             s = res["site"]
+            ev.movable = bool(site_fetches["requires_grad"])
             ev.hard, ev.log_loss = float(s["hard"]), float(s["log_loss"])
             n = batch_size(values)
             if "rows" in s and len(s["rows"]) == n and n > 1:

@@ -267,7 +267,8 @@ class TorchRunner(TargetBatches):
             recorder, out = self._forward(batch, seed, locate_all=False)
         loss = program_loss(out)
         call = recorder.find(site.key)
-        margin = call.spec.margins(call.inputs, XP) if call is not None else None
+        with torch.set_grad_enabled(grad or train):
+            margin = call.spec.margins(call.inputs, XP) if call is not None else None
         flags = recorder.resolve([any_nonfinite(out)])
         first = recorder.first_event(flags, flags[-1], _where(self.target.program))
         ev = Evaluation(seen=margin is not None, hard=math.inf, log_loss=math.inf,
@@ -304,6 +305,8 @@ class TorchRunner(TargetBatches):
         ev.hard, ev.log_loss = float(stats[0]), float(stats[1])
         if len(stats) > 2:
             ev.per_sample = stats[2:]
+        if torch.is_grad_enabled() and not hard.requires_grad:
+            ev.movable = False         # no searched value and no trained weight reaches the margin
         if not (grad and leaves and hard.requires_grad):
             return
         names = list(leaves)

@@ -29,8 +29,10 @@ class Strategy(ABC):
 
 
 def note_reachability(s: "SiteSearch", ev: Evaluation) -> None:
-    """No gradient path from any searched value, and nothing else that moves: unreachable."""
-    if ev.seen and not ev.connected and not s.runner.trains and ev.grads is not None:
+    """No gradient path from any searched value, and nothing else that moves (the program does
+    not train, or no trained weight reaches the margin either): unreachable. A framework's own
+    op that a user call reached (a dropout's division by 1 - rate) is one."""
+    if ev.seen and not ev.connected and (not ev.movable or (not s.runner.trains and ev.grads is not None)):
         s.unreachable = True
 
 
