@@ -28,6 +28,7 @@ class SearchConfig:
     max_steps: int = 500
     seed: int = 0
     search_weights: bool = False
+    reach_steps: int = 40        # a site that spends its budget is probed outside its bounds for this many more
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -237,9 +238,15 @@ class SiteSearch:
         finally:
             self.seconds += time.perf_counter() - self._t0
         status = self.status()
-        return QuantumResult(self.site.id, self.step, self.step - start, self._trace, status,
+        trace = self._trace
+        reach = None
+        if status is SiteStatus.EXHAUSTED and self.config.reach_steps > 0:
+            from fuzz_core.out_of_reach import probe
+
+            reach = probe(self, self.config.reach_steps)
+        return QuantumResult(self.site.id, self.step, self.step - start, trace, status,
                              self.best, self.candidate, seconds=self.seconds, log_space=self.spec.log_space,
-                             exit_reason=_EXIT_REASONS.get(status, ExitReason.NONE))
+                             exit_reason=_EXIT_REASONS.get(status, ExitReason.NONE), reach=reach)
 
     def status(self) -> SiteStatus:
         if self.candidate is not None:

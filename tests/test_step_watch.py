@@ -183,3 +183,24 @@ def test_an_error_raised_by_torch_inside_the_recorder_is_the_programs():
     with pytest.raises(RuntimeError) as info:
         runner.discover(runner.sample(np.random.default_rng(0)), 0)
     assert classify(info.value) is ExitReason.TARGET_ERROR
+
+
+def clamped_log(seed: int = 0) -> Target:
+    """log(x + 52) with x within [-31, 31]: never triggered inside the bounds, at -52 outside them."""
+    def program(batch):
+        return torch.log(batch["x"] + 52.0).sum()
+
+    return Target(program=program, sample=lambda rng: {"x": rng.uniform(-1, 1, (4, 2)).astype(np.float32)},
+                  bounds={"x": (-31.0, 31.0)}, search=["x"])
+
+
+def test_a_site_out_of_reach_says_where_its_nearest_trigger_lies():
+    _, _, results, _ = _search(clamped_log, "log", steps=30)
+    (site, res), = results
+    assert res.candidate is None and res.status.value == "exhausted"
+    reach = res.reach
+    assert reach["triggered"] and reach["probe_steps"] <= 40
+    out = reach["outside"]
+    assert out["input"] == "x" and out["value"] <= -52.0 and out["bounds"] == [-31.0, 31.0]
+    assert reach["message"].startswith("would trigger if x[") and "bounds are [-31, 31]" in reach["message"]
+    assert res.steps == 30, "the probe's steps are not the site's"
