@@ -300,13 +300,31 @@ def finding_from(runner, spec: TargetSpec, site: OpSite, config: SearchConfig, c
                                 expected=cand)
         result = confirm(fresh, site, inputs, cand.state, cand.seed)
     first = result.first_op.to_dict() if result.first_op else (cand.first_op.to_dict() if cand.first_op else None)
+    notes = outside_data(inputs, fresh.data_ranges()) if hasattr(fresh, "data_ranges") else []
     fresh.reset()
     return Finding(site=site, target=spec.to_dict(), inputs=inputs, state=cand.state, step=cand.step,
                    step_seed=cand.seed, strategy=config.strategy, first_op=first,
                    trigger="weights" if cand.weights_searched else "inputs", training=cand.training,
                    bounds=cand.bounds, seconds=seconds, minimised=info, versions=fresh.versions(),
                    device=device, phase=cand.phase, replays=(reproduced, len(results)),
-                   site_triggered=cand.own)
+                   site_triggered=cand.own, notes=notes)
+
+
+def outside_data(inputs: dict[str, np.ndarray], ranges: dict[str, tuple[float, float]]) -> list[str]:
+    """A note per searched input whose triggering values leave the range of the data the target
+    samples ("x[3, 1] = 41.7, sampled data lies in [0, 16]"): the value furthest outside."""
+    notes = []
+    for name, (lo, hi) in ranges.items():
+        if name not in inputs:
+            continue
+        v = np.asarray(inputs[name], dtype=np.float64)
+        excess = np.maximum(v - hi, lo - v)
+        if not excess.size or not float(excess.max()) > 0:
+            continue
+        i = int(np.argmax(excess))
+        index = ", ".join(str(j) for j in np.unravel_index(i, v.shape))
+        notes.append(f"{name}[{index}] = {v.flat[i]:.4g}, sampled data lies in [{lo:.4g}, {hi:.4g}]")
+    return notes
 
 
 def replay(runner, loaded: LoadedFinding) -> CheckResult:

@@ -70,31 +70,80 @@ class CheckResult:
     phase: str | None = None            # forward | backward | update, with ``event``
 
 
+INPUT_RANGE = 1.0      # the README's default of ``search.input_range``
+WEIGHT_RANGE = 4.0
+DATA_DRAWS = 8         # batches drawn from ``sample`` to see the data's range (fixed seeds: every process agrees)
+DATA_SALT = 0xDA7A
+
+
 @dataclass(frozen=True)
 class RunnerOptions:
     device: str = "cpu"
     search_weights: bool = False
-    weight_range: float = 4.0      # searched weights stay within +-weight_range * max|initial|
-    input_range: float = 10.0      # unbounded inputs stay within +-input_range * max(1, max|sample|)
+    weight_range: float = WEIGHT_RANGE   # searched weights: their initial range, grown by this many spreads
+    input_range: float = INPUT_RANGE     # inputs without bounds: the sampled data's range, grown likewise
+
+
+def data_box(lo: float, hi: float, factor: float) -> tuple[float, float]:
+    """The range ``[lo, hi]`` grown by ``factor`` times its spread on each side, never across zero
+    when it does not already straddle it: non-negative data (pixels, counts, probabilities) keeps
+    its sign, and so does non-positive data. A single value's spread is its own size (or 1 at 0)."""
+    spread = hi - lo
+    if not spread > 0:
+        spread = max(abs(lo), abs(hi)) or 1.0
+    box_lo, box_hi = lo - factor * spread, hi + factor * spread
+    if lo >= 0:
+        box_lo = max(box_lo, 0.0)
+    if hi <= 0:
+        box_hi = min(box_hi, 0.0)
+    return float(box_lo), float(box_hi)
+
+
+def sampled_ranges(sample: Callable[[np.random.Generator], dict[str, np.ndarray]],
+                   names: list[str]) -> dict[str, tuple[float, float]]:
+    """The finite range of each named input over :data:`DATA_DRAWS` batches of ``sample``."""
+    lo = {n: math.inf for n in names}
+    hi = {n: -math.inf for n in names}
+    for i in range(DATA_DRAWS):
+        batch = sample(np.random.default_rng([DATA_SALT, i]))
+        for n in names:
+            v = np.asarray(batch[n], dtype=np.float64)
+            v = v[np.isfinite(v)]
+            if v.size:
+                lo[n], hi[n] = min(lo[n], float(v.min())), max(hi[n], float(v.max()))
+    return {n: (lo[n], hi[n]) for n in names if lo[n] <= hi[n]}
 
 
 def default_bounds(runner: "Runner", batch: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
     """Bounds of every searched value: the target's, else the documented defaults.
 
-    An input without bounds stays within ``±input_range * max(1, max|x|)`` of its first
-    batch; a searched weight within ``±weight_range * max|w|`` of its initial values.
+    An input without bounds stays within the range of the data ``sample`` gives (over
+    :data:`DATA_DRAWS` batches, and the batch at hand), grown by ``input_range`` times that
+    range's spread on each side, never across zero (:func:`data_box`). A searched weight
+    stays within its initial range grown by ``weight_range`` times its largest magnitude on
+    each side; a tensor that starts at zero (a bias) takes the largest magnitude among the
+    model's other weights (1 if every weight is zero).
     """
     out = {}
+    ranges = runner.data_ranges()
     for name in runner.searched:
         if name in runner.target.bounds:
             out[name] = runner.target.bounds[name]
-        else:
-            scale = runner.options.input_range * max(1.0, float(np.abs(batch[name]).max()))
-            out[name] = (-scale, scale)
+            continue
+        v = np.asarray(batch[name], dtype=np.float64)
+        v = v[np.isfinite(v)]
+        lo, hi = ranges.get(name, (math.inf, -math.inf))
+        if v.size:
+            lo, hi = min(lo, float(v.min())), max(hi, float(v.max()))
+        out[name] = data_box(lo, hi, runner.options.input_range) if lo <= hi else (-1.0, 1.0)
     if runner.options.search_weights:
-        for name, w in runner.weights().items():
-            scale = runner.options.weight_range * (float(np.abs(w).max()) or 1.0)
-            out[name] = (-scale, scale)
+        weights = runner.weights()
+        sizes = {n: float(np.abs(w).max()) if np.size(w) else 0.0 for n, w in weights.items()}
+        fallback = max(sizes.values(), default=0.0) or 1.0
+        for name, w in weights.items():
+            size = sizes[name] or fallback
+            lo, hi = (float(np.min(w)), float(np.max(w))) if np.size(w) else (0.0, 0.0)
+            out[name] = (lo - runner.options.weight_range * size, hi + runner.options.weight_range * size)
     return out
 
 
@@ -171,6 +220,13 @@ class TargetBatches:
 
     def bounds(self, batch: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
         return default_bounds(self, batch)  # type: ignore[arg-type]
+
+    def data_ranges(self) -> dict[str, tuple[float, float]]:
+        """The range of each searched input in the data ``sample`` gives (computed once)."""
+        ranges = getattr(self, "_data_ranges", None)
+        if ranges is None:
+            ranges = self._data_ranges = sampled_ranges(self.sample, [n for n in self.searched])
+        return ranges
 
 
 class Runner(Protocol):
