@@ -44,6 +44,7 @@ def probe(search: "SiteSearch", steps: int = STEPS) -> dict[str, Any]:
     saved = (search.values, search.bounds, search.step, search._end, search.best, search.strategy_state,
              search.cache, search.candidate, search._trace, search.trained, search.unreachable)
     original = dict(search.bounds)
+    runner_state = search.runner.get_state()
     record: dict[str, Any] = {"best_loss": _finite(search.best), "probe_steps": 0, "triggered": False,
                               "box_factor": WIDEN}
     try:
@@ -69,7 +70,8 @@ def probe(search: "SiteSearch", steps: int = STEPS) -> dict[str, Any]:
     finally:
         (search.values, search.bounds, search.step, search._end, search.best, search.strategy_state,
          search.cache, search.candidate, search._trace, search.trained, search.unreachable) = saved
-        search.runner.reset()
+        search.runner.reset()                       # the program as the search left it
+        search.runner.set_state(runner_state)
     record["message"] = describe(record, original)
     return record
 

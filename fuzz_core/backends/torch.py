@@ -248,7 +248,7 @@ class TorchRunner(TargetBatches):
         result = CheckResult(first is not None, first, recorder.triggered_sites(flags), _scalar(loss),
                              "forward" if first is not None else None)
         if first is None and self.trains and loss is not None:
-            phase = self._train(batch, loss, seed)[1]
+            phase = self._train(batch, loss, seed, pre)[1]
             if phase is not None:
                 result.first_op, grad_key = self._diagnose(pre, values, seed, phase)
                 result.event, result.phase = True, phase
@@ -279,7 +279,7 @@ class TorchRunner(TargetBatches):
             self._score(ev, margin, call.spec.log_space, grad and not ev.event, leaves,
                         retain=train, batch_size=batch_size(values))
         if train and not ev.event and loss is not None:
-            ev.trained, ev.phase = self._train(batch, loss, seed)
+            ev.trained, ev.phase = self._train(batch, loss, seed, pre)
             ev.passes += int(self.target.train_step is not None)
             if ev.phase is not None:
                 ev.event = True
@@ -319,11 +319,14 @@ class TorchRunner(TargetBatches):
         except RuntimeError:   # the program overwrote in place a tensor autograd saved
             ev.grads, ev.log_grads, ev.grad_norm, ev.connected = None, None, 0.0, False
 
-    def _train(self, batch: dict, loss: torch.Tensor, seed: int) -> tuple[bool, str | None]:
+    def _train(self, batch: dict, loss: torch.Tensor, seed: int,
+               pre: dict | None = None) -> tuple[bool, str | None]:
         """The program's own training step on the searched batch (GRIST keeps training), then one
         sync: (trained, None), or the phase whose values went non-finite (backward: a gradient;
-        update: the weights or optimizer state the update wrote)."""
+        update: a tensor the step wrote, or an optimizer slot). A tensor that already held inf
+        before the step (a mask buffer) is not the update's doing."""
         target = self.target
+        before = self.state.versions()
         if target.train_step is not None:
             seed_everything(seed ^ 0x5EED5EED)     # the step's own seed: the same in every process
             self.watch.start(self.state, list(batch.values()))
@@ -337,9 +340,26 @@ class TorchRunner(TargetBatches):
                 opt.step()
         else:
             return False, None
+        written = {k: t for k, t in self.state.tensors.items() if t._version != before[k] and t.is_floating_point()}
         grads = [t.grad for t in self.state.tensors.values() if t.grad is not None and t.grad.is_floating_point()]
-        bad_grads, bad_state = torch.stack([_nonfinite(grads), _nonfinite(self.state.mutable())]).cpu().tolist()
-        return True, "backward" if bad_grads else "update" if bad_state else None
+        slots = self.state.slots()
+        if not bool(_nonfinite(grads + list(written.values()) + slots)):    # the one sync of a good step
+            return True, None
+        if bool(_nonfinite(grads)):
+            return True, "backward"
+        return True, "update" if pre is None or self._newly_nonfinite(written, slots, pre) else None
+
+    def _newly_nonfinite(self, written: dict[str, torch.Tensor], slots: list[torch.Tensor], pre: dict) -> bool:
+        """Did the step make a value non-finite (not one that held inf before it, a mask)?"""
+        if bool(_nonfinite(slots)):
+            return True
+        for k, t in written.items():
+            if bool(_nonfinite([t])):
+                old = pre["tensors"].get(k)
+                if old is None or not bool(_nonfinite([old])) or not torch.equal(
+                        torch.isfinite(old), torch.isfinite(t.detach())):
+                    return True
+        return False
 
     def _diagnose(self, pre: dict | None, values: dict[str, np.ndarray], seed: int,
                   phase: str) -> tuple[OpRef | None, tuple[str, str, int] | None]:

@@ -111,6 +111,7 @@ class TorchState:
         ids_core = {id(p) for p in self.params()}
         self.core |= {k for k, t in self.tensors.items() if id(t) in ids_core or t.requires_grad}
         self._clean = self.versions()
+        self._buffers: dict[Any, torch.Tensor] = {}     # capture()'s copies, reused step after step
         self.initial = self.get(everything=True)
         self.unrestorable: list[str] = []          # tracked tensors written that the initial snapshot lacks
 
@@ -146,27 +147,46 @@ class TorchState:
         """The tensors the optimizers update."""
         return [p for opt in self.optimizers for g in opt.param_groups for p in g["params"]]
 
-    def mutable(self) -> list[torch.Tensor]:
-        """Floating-point tensors a step may have written: the model's, the optimized ones, those
-        written since the last reset, and the optimizers' slots (checked after an update)."""
-        keep = set(self.core) | set(self.written())
-        out = [t for k, t in self.tensors.items() if k in keep and t.is_floating_point()]
-        for opt in self.optimizers:
-            for slots in getattr(opt, "state", {}).values():
-                out += [v for v in slots.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
-        return out
+    def slots(self) -> list[torch.Tensor]:
+        """The optimizers' floating-point state tensors (moments, ...), checked after an update."""
+        return [v for opt in self.optimizers for slots in getattr(opt, "state", {}).values()
+                for v in slots.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
 
     # -- device-side snapshots of one step (a bad step is re-run from it) ------------------------
     def capture(self) -> dict[str, Any]:
-        """The state the next step starts from, copied on the device (no host transfer)."""
+        """The state the next step starts from, copied on the device (no host transfer), into
+        buffers kept from one step to the next (a copy per step, no allocation). Valid until the
+        next capture: a bad step's candidate materializes it at once."""
         keep = set(self.core) | set(self.written())
-        snap: dict[str, Any] = {"tensors": {k: t.detach().clone() for k, t in self.tensors.items() if k in keep},
-                                "optim": [], "objects": {}}
-        for opt in self.optimizers:
+        pairs: list[tuple[Any, torch.Tensor]] = [(k, t.detach()) for k, t in self.tensors.items() if k in keep]
+        snap: dict[str, Any] = {"tensors": {}, "optim": [], "objects": {}}
+        for i, opt in enumerate(self.optimizers):
             sd = opt.state_dict()
-            snap["optim"].append({"state": {pid: {s: v.detach().clone() if isinstance(v, torch.Tensor) else v
-                                                  for s, v in slots.items()} for pid, slots in sd["state"].items()},
-                                  "param_groups": json.loads(json.dumps(sd["param_groups"], default=repr))})
+            state: dict = {}
+            for pid, slots in sd["state"].items():
+                state[pid] = {}
+                for slot, v in slots.items():
+                    if isinstance(v, torch.Tensor):
+                        pairs.append(((i, pid, slot), v.detach()))
+                    else:
+                        state[pid][slot] = v
+            snap["optim"].append({"state": state, "param_groups": json.loads(json.dumps(sd["param_groups"],
+                                                                                        default=repr))})
+        buffers = self._buffers
+        dst = []
+        for key, src in pairs:
+            buf = buffers.get(key)
+            if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.device != src.device:
+                buf = buffers[key] = torch.empty_like(src)
+            dst.append(buf)
+        if dst:
+            torch._foreach_copy_(dst, [src for _, src in pairs])
+        for (key, _), buf in zip(pairs, dst):
+            if isinstance(key, tuple):
+                i, pid, slot = key
+                snap["optim"][i]["state"][pid][slot] = buf
+            else:
+                snap["tensors"][key] = buf
         for name, obj in self.objects.items():
             snap["objects"][name] = _plain(obj.state_dict())
         return snap
