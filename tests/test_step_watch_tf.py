@@ -156,3 +156,48 @@ def test_a_frameworks_own_division_that_nothing_can_move_is_retired_at_once_even
     assert result.status is SiteStatus.UNREACHABLE and result.steps <= 2
     log = search_site(runner, sites["log"], SearchConfig("adaptive", 30, 0))
     assert log.status is not SiteStatus.UNREACHABLE, "the user's own log is searched"
+
+
+def keras_vae(seed: int = 0):
+    """A Keras encoder whose std = sqrt(exp(logvar)) underflows to sqrt(0) (TF2, eager)."""
+    from fuzz_core import Target
+
+    tf.keras.utils.set_random_seed(seed)
+    enc = tf.keras.layers.Dense(4)
+    dec = tf.keras.layers.Dense(6)
+    model = tf.keras.Sequential([tf.keras.Input((6,)), enc])
+    decoder = tf.keras.Sequential([tf.keras.Input((2,)), dec])
+    opt = tf.keras.optimizers.Adam(1e-3)
+
+    def program(batch):
+        h = model(batch["x"])
+        mu, logvar = h[:, :2], h[:, 2:]
+        std = tf.sqrt(tf.exp(logvar))                                            # KERAS-SQRT
+        recon = decoder(mu + std * batch["eps"])
+        return tf.reduce_mean(tf.square(recon - batch["x"])) + tf.reduce_mean(tf.square(mu) + tf.square(std))
+
+    class Both(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = model, decoder
+
+    return Target(program=program, model=Both(), optimizer=opt,
+                  sample=lambda rng: {"x": rng.uniform(0, 1, (8, 6)).astype(np.float32),
+                                      "eps": rng.normal(size=(8, 2)).astype(np.float32)},
+                  bounds={"x": (-100.0, 100.0)}, search=["x"])
+
+
+def test_keras_sqrt_at_zero_is_found_in_the_backward_phase_and_named():
+    from fuzz_core.backends.tensorflow import EagerRunner
+
+    runner = EagerRunner("kvae", keras_vae())
+    sites = {s.op: s for s in discover_sites(runner, 0)}
+    assert "sqrt_grad" in sites, "the program trains: sqrt's backward hazard is a site"
+    config = SearchConfig("adaptive", 60, 0)
+    result = search_site(runner, sites["sqrt_grad"], config)
+    cand = result.candidate
+    assert cand is not None and cand.phase == "backward" and cand.own
+    assert cand.first_op.op == "sqrt" and cand.first_op.location == f"{HERE}:{_line('KERAS-SQRT')}"
+    finding = finding_from(runner, TargetSpec("kvae", f"{HERE}:keras_vae"), sites["sqrt_grad"], config, cand,
+                           result.seconds)
+    assert finding.replays == (3, 3)

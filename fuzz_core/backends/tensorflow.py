@@ -34,7 +34,7 @@ from fuzz_core.backends.base import (
     WEIGHT_PREFIX, CheckResult, Evaluation, OpRef, RunnerOptions, TargetBatches, batch_size,
 )
 from fuzz_core.backends.tf_common import (
-    _collect, _scalar, _shaped, _soft_min, _to_numpy_grad, _unique, _var_name, _versions, _warn_unknown,
+    _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown,
     seed_everything,
 )
 from fuzz_core.backends.tf_graph import GraphRunner
@@ -215,7 +215,7 @@ class EagerRunner(TargetBatches):
 
     def _forward(self, batch: dict, seed: int, locate_all: bool, track_constants: bool = False):
         self._seed(seed)
-        recorder = EagerRecorder(self.catalogue, locate_all=locate_all)
+        recorder = EagerRecorder(self.catalogue, locate_all=locate_all, backward=self.trains)
         recorder.track_constants = track_constants
         eager_before = tf.config.functions_run_eagerly()
         tf.config.run_functions_eagerly(True)
@@ -255,7 +255,9 @@ class EagerRunner(TargetBatches):
         """The check-only detector: run the unmodified program's whole step once (its training step
         too, when it trains), name the first bad op."""
         ev, recorder, flags = self._step(values, None, grad=False, train=self.trains, seed=seed, locate_all=True)
-        return CheckResult(ev.event, ev.first_op, recorder.triggered_sites(flags), ev.program_loss, ev.phase)
+        triggered = recorder.triggered_sites(flags)
+        triggered.update(getattr(recorder, "extra_triggered", {}))
+        return CheckResult(ev.event, ev.first_op, triggered, ev.program_loss, ev.phase)
 
     def evaluate(self, values: dict[str, np.ndarray], site: OpSite, *, grad: bool = True,
                  train: bool = False, seed: int = 0) -> Evaluation:
@@ -295,11 +297,52 @@ class EagerRunner(TargetBatches):
                 ev.phase = self._train(batch, tape, mean_loss, ev)
                 if ev.phase is not None:
                     ev.event, ev.state_before = True, pre
-                    what = "train_step" if self.target.train_step is not None else type(self.target.optimizer).__name__
-                    ev.first_op = OpRef(ev.phase, "gradient of the loss" if ev.phase == "backward"
-                                        else f"{what} update", self._program_location(), 0)
+                    ev.first_op, grad_key = self._diagnose(pre, values, seed, ev.phase)
+                    if site is not None:
+                        ev.triggered = grad_key == site.key
+                    elif grad_key is not None:               # a replay: the check's triggered sites
+                        recorder.extra_triggered = {grad_key: True}
             del tape
         return ev, recorder, flags
+
+    def _diagnose(self, pre: dict[str, np.ndarray], values: dict[str, np.ndarray], seed: int,
+                  phase: str) -> tuple[OpRef, tuple | None]:
+        """A bad training step, re-run from the state it started from under one persistent tape:
+        the gradient of the loss with respect to every catalogued call's output and input, in one
+        backward pass. The last call in execution order (the first the backward reaches) whose
+        output gradient is finite and input gradient is not is where the backward went non-finite."""
+        what = "train_step" if self.target.train_step is not None else type(self.target.optimizer).__name__
+        fallback = OpRef(phase, "gradient of the loss" if phase == "backward" else f"{what} update",
+                         self._program_location(), 0)
+        if phase != "backward":
+            return fallback, None
+        self.set_state(pre)
+        with self._scope():
+            batch, _ = self._tensors(values, grad=False)
+            with tf.GradientTape(persistent=True) as tape:
+                recorder, out = self._forward(batch, seed, locate_all=True)
+                loss = program_loss(out)
+                mean = tf.reduce_mean(loss) if loss is not None else None
+            calls = [c for c in recorder.calls if c.outputs and c.inputs and tf.is_tensor(c.inputs[c.spec.arg
+                     if c.spec.arg < len(c.inputs) else 0]) and c.spec.phase == "forward"]
+            if mean is None or not calls:
+                return fallback, None
+            targets = []
+            for c in calls:
+                targets += [c.outputs[0], c.inputs[c.spec.arg if c.spec.arg < len(c.inputs) else 0]]
+            grads = tape.gradient(mean, targets, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            del tape
+        for i in reversed(range(len(calls))):
+            g_out, g_in = grads[2 * i], grads[2 * i + 1]
+            if g_out is None or g_in is None:
+                continue
+            if np.isfinite(_to_numpy_grad_raw(g_out)).all() and not np.isfinite(_to_numpy_grad_raw(g_in)).all():
+                c = calls[i]
+                grad = next((g for g in recorder.calls if g.spec.phase == "backward" and g.location == c.location
+                             and g.kind == c.kind and g.occurrence == c.occurrence), None)
+                return (OpRef(c.spec.name, f"{c.kind} (backward)", c.location, c.occurrence),
+                        grad.key if grad is not None else None)
+        return fallback, None
 
     def _state_nonfinite(self) -> bool:
         """Some floating-point variable of the model or the optimizer is not finite."""
@@ -348,7 +391,7 @@ class EagerRunner(TargetBatches):
             pairs = [(g, v) for g, v in zip(grads, self._trainable) if g is not None]
             if not pairs:
                 return None
-            if not all(bool(np.isfinite(_to_numpy_grad(g)).all()) for g, _ in pairs if g is not None):
+            if not all(bool(np.isfinite(_to_numpy_grad_raw(g)).all()) for g, _ in pairs):
                 ev.trained = True
                 return "backward"
             target.optimizer.apply_gradients(pairs)
@@ -372,6 +415,13 @@ def _paused(recorder: EagerRecorder, gradient):
         finally:
             recorder.paused -= 1
     return wrapper
+
+
+def _to_numpy_grad_raw(g) -> np.ndarray:
+    """A gradient as NumPy, non-finite entries kept (``_to_numpy_grad`` zeroes them)."""
+    if isinstance(g, tf.IndexedSlices):
+        g = tf.convert_to_tensor(g)
+    return np.asarray(g.numpy() if tf.is_tensor(g) else g, dtype=np.float64)
 
 
 def _outputs_nonfinite(out: Any) -> bool:

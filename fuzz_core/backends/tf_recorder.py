@@ -295,10 +295,11 @@ def constant_scalars(inputs) -> dict:
 class EagerRecorder(FlagBook):
     """Records every eagerly executed op of one forward pass (an op callback)."""
 
-    def __init__(self, catalogue: Catalogue, locate_all: bool = False) -> None:
+    def __init__(self, catalogue: Catalogue, locate_all: bool = False, backward: bool = False) -> None:
         super().__init__()
         self.catalogue = catalogue
         self.locate_all = locate_all
+        self.backward = backward   # the program trains: record the backward-hazard row of each op too
         self.counts: dict[tuple[str, str], int] = {}
         self.stateful_random = False
         self.track_constants = False   # note which scalar inputs no watched value reaches (discover)
@@ -345,10 +346,18 @@ class EagerRecorder(FlagBook):
         else:
             bad = eager_flag(outputs, nan_only=True)
             flag = self.push(bad, (op_type, location, index)) if bad is not None else -1
-        call = Call(spec, op_type, location, occurrence, inputs, flag, in_ok)
+        call = Call(spec, op_type, location, occurrence, inputs, flag, in_ok, outputs=outputs)
         if self.track_constants and spec.searched:
             call.constants = constant_scalars(inputs)
         self.calls.append(call)
+        grad_spec = self.catalogue.for_tf_backward(op_type) if self.backward else None
+        if grad_spec is not None:     # the same call's backward hazard, searched on the same inputs
+            gkey = (grad_spec.name, location)
+            gocc = self.counts.get(gkey, 0)
+            self.counts[gkey] = gocc + 1
+            grad_call = Call(grad_spec, op_type, location, gocc, inputs, -1, in_ok, outputs=outputs)
+            grad_call.constants = call.constants
+            self.calls.append(grad_call)
 
     def resolve(self, extra: list = ()) -> list[bool]:
         """Every flag of the pass as Python bools (one device read for device-side flags)."""
