@@ -85,7 +85,12 @@ class MlflowObserver(Observer):
             for rec in self.sites:
                 if not rec.status.final:
                     self.tracker.start_site(rec.site.id, rec.site.label, site_tags(rec.site, rec.status),
-                                            run_id=rec.mlflow_run_id)
+                                            run_id=rec.mlflow_run_id, adopt=self.resumed)
+                elif self.resumed:         # its end may have been lost with the driver that was killed
+                    self.tracker.close_site(rec.site.id, {**site_tags(rec.site, rec.status),
+                                                          "exit_reason": rec.exit_reason.value,
+                                                          "steps": str(rec.steps)},
+                                            SITE_END.get(rec.status, "FINISHED"), run_id=rec.mlflow_run_id)
             return
         for target, counts in self._target_counts.items():
             self.tracker.start_site(f"target:{target}", f"target {target}",

@@ -197,11 +197,20 @@ class Tracker:
         self._open[key] = None
 
     @_never_raise
-    def start_site(self, key: str, run_name: str, tags: Mapping[str, Any], run_id: str | None = None) -> None:
-        """Start a child run of the campaign run (or reopen ``run_id`` to resume); ``triage`` defaults to ``new``."""
+    def start_site(self, key: str, run_name: str, tags: Mapping[str, Any], run_id: str | None = None,
+                   adopt: bool = False) -> None:
+        """Start a child run of the campaign run (or reopen ``run_id`` to resume; with ``adopt``, reopen the
+        child run of the same ``site.id`` tag an earlier session created); ``triage`` defaults to ``new``."""
         tags = _str_tags({"triage": "new", **tags})
-        self._put("start_site", key, self._campaign_key, run_name=run_name, tags=tags, resume_run_id=run_id)
+        self._put("start_site", key, self._campaign_key, run_name=run_name, tags=tags, resume_run_id=run_id,
+                  adopt=adopt)
         self._open[key] = None
+
+    @_never_raise
+    def close_site(self, key: str, tags: Mapping[str, Any], status: RunEnd, run_id: str | None = None) -> None:
+        """End a site run that an earlier session of this campaign run may have left RUNNING (found by
+        ``run_id``, else by its ``site.id`` tag); a run already ended is left as it is."""
+        self._put("close_site", key, self._campaign_key, tags=_str_tags(tags), status=status, run_id=run_id)
 
     @_never_raise
     def log_metrics(self, key: str, rows: Iterable[tuple[str, float, int]]) -> None:

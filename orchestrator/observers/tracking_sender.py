@@ -231,12 +231,25 @@ class _Sender:
             log.warning("tracking: run %s keeps its old values of params %s", rid, changed)
         self._log_batch(rid, params={k: v for k, v in params.items() if k not in existing})
 
+    def _adopt(self, rec: Record, site_id: str) -> str | None:
+        """The child run of this site that an earlier session of the same campaign run created (a driver
+        killed before it kept the run id), if any."""
+        parent = self._parent_run_id_of(rec)
+        if not parent or "'" in site_id or "'" in parent:
+            return None
+        runs = self.client.search_runs([self._experiment_id(rec["experiment"])],
+                                       f"tags.mlflow.parentRunId = '{parent}' and tags.`site.id` = '{site_id}'",
+                                       order_by=["attributes.start_time ASC"], max_results=1)
+        return runs[0].info.run_id if runs else None
+
     def _do_start_site(self, rec: Record, args: Record) -> None:
         rid = self._run_id_of(rec)
         if rid:  # created before the spool line was written
             self._bind(rec, rid)
             return
         resume = args.get("resume_run_id")
+        if not resume and args.get("adopt"):
+            resume = self._adopt(rec, args["tags"].get("site.id", ""))
         if resume and self._resume(resume) is not None:
             self._bind(rec, resume)
             return
@@ -261,6 +274,16 @@ class _Sender:
         if not Path(args["local_dir"]).is_dir():
             raise _Permanent(f"artifact folder {args['local_dir']!r} is gone")
         self.client.log_artifacts(rid, args["local_dir"], args["artifact_path"])
+
+    def _do_close_site(self, rec: Record, args: Record) -> None:
+        """End a site run an earlier session may have left RUNNING (its end was lost with the driver)."""
+        rid = self._run_id_of(rec) or args.get("run_id") or self._adopt(rec, args["tags"].get("site.id", ""))
+        if not rid:
+            return
+        self._bind(rec, rid)
+        if self.client.get_run(rid).info.status == "RUNNING":
+            self._log_batch(rid, tags=args["tags"])
+            self.client.set_terminated(rid, status=args["status"], end_time=rec["ts"])
 
     def _do_note_bug(self, rec: Record, args: Record) -> None:
         from orchestrator.observers.bug_registry import note_occurrence

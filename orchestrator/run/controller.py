@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 MAX_TIMEOUTS = 2      # quanta over their time limit before a site is retired as timeout
 WAIT_S = 0.5
+PERSIST_S = 5.0       # how often what observers learned (MLflow run ids) is persisted
 CHECKPOINTS = "checkpoints"
 FINDINGS = "findings"
 
@@ -142,6 +143,8 @@ class Controller:
         self._reported = True          # a report since the last allocate: retirements may be pending
         self._resubmit: list[SiteRecord] = []
         self._dispatches = 0
+        self._persisted_at = time.monotonic()
+        self._stored_ids: dict[str | None, str | None] = {}   # site id (None: the run) -> MLflow run id stored
         self.status_changes = 0          # how many, and the driver's seconds spent on them (store and observers)
         self.status_seconds = 0.0
 
@@ -245,6 +248,7 @@ class Controller:
         for index, rec in enumerate(self.store.sites()):
             self._order[rec.site.id] = index
             self.sites[rec.site.id] = rec
+            self._stored_ids[rec.site.id] = rec.mlflow_run_id
             if rec.checkpoint:
                 rec.state = self._load_checkpoint(rec.checkpoint)
         for target in self.targets.values():
@@ -278,6 +282,7 @@ class Controller:
                 for task, outcome in self.executor.wait(WAIT_S):
                     self._handle(task, outcome)
                 self.observers.tick()
+                self._persist_learned()
         except StopRun as exc:
             stop.request(exc.reason)
         except KeyboardInterrupt:
@@ -442,6 +447,22 @@ class Controller:
                 self.store.put_site(rec, self._order[rec.site.id])
             self.scheduler.save_state()
             self.store.put_run(self.record)
+
+    def _persist_learned(self, force: bool = False) -> None:
+        """Every few seconds, persist what observers learned about the records (the MLflow run ids)."""
+        now = time.monotonic()
+        if not force and now - self._persisted_at < PERSIST_S:
+            return
+        self._persisted_at = now
+        changed = [rec for rec in self.sites.values() if rec.mlflow_run_id != self._stored_ids.get(rec.site.id)]
+        if not changed and self.record.mlflow_run_id == self._stored_ids.get(None):
+            return
+        with self._txn():
+            for rec in changed:
+                self.store.put_site(rec, self._order[rec.site.id])
+            self.store.put_run(self.record)
+        self._stored_ids.update({rec.site.id: rec.mlflow_run_id for rec in changed})
+        self._stored_ids[None] = self.record.mlflow_run_id
 
     def save_records(self) -> None:
         """Persist every site and the run as they are now (what observers learned: MLflow run ids)."""
