@@ -156,14 +156,15 @@ def bugs(campaign: Optional[str] = typer.Option(None, "--campaign", help="only b
     from rich.table import Table
 
     table = Table(title=f"{len(rows)} bug(s) in {uri}")
-    for col in ("signature", "triage", "target / op / location", "hazard", "seen", "first seen", "last seen",
+    for col in ("signature", "triage", "target", "op / location", "hazard", "seen", "first seen", "last seen",
                 "campaigns", "reproducer"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col in ("signature", "triage"))
     for r in rows:
-        table.add_row(r["signature"], str(r["triage"]), f"{r.get('target')} {r.get('op')} {r.get('location')}",
-                      str(r.get("hazard") or ""), str(r["occurrences"]), str(r["first_seen"] or ""),
-                      str(r["last_seen"] or ""), ", ".join(r["campaigns"]), str(r.get("reproducer") or ""))
-    Console().print(table)
+        table.add_row(r["signature"], str(r["triage"]), ", ".join(r["targets"]) or str(r.get("target") or ""),
+                      f"{r.get('op')} {r.get('location')}", str(r.get("hazard") or ""), str(r["occurrences"]),
+                      str(r["first_seen"] or ""), str(r["last_seen"] or ""), ", ".join(r["campaigns"]),
+                      str(r.get("reproducer") or ""))
+    Console(width=None if sys.stdout.isatty() else 240).print(table)
 
 
 @app.command()

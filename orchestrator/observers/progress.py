@@ -86,9 +86,9 @@ class LiveView(Observer):
         if state == "regressed" and before != "regressed":
             self.message(f"REGRESSED: bug {record['signature']} ({record.get('label', '')}), marked fixed, "
                          f"triggers again: {record.get('reproducer')}")
-        elif state != before:
-            self.message(f"known bug {record['signature']} ({record.get('label', '')}): {before} -> {state}"
-                         + (f": {record['message']}" if record.get("message") else ""))
+        elif state != before or record.get("message"):
+            self.message(f"known bug {record['signature']} ({record.get('label', '')}): "
+                         + (record.get("message") or f"{before} -> {state}"))
 
     def tick(self) -> None:
         if not self.enabled:

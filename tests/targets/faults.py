@@ -10,7 +10,9 @@
 - ``inverted_bounds``: bounds with low > high;
 - ``unknown_search``: ``search`` names an input that ``sample`` does not return;
 - ``hidden`` < 1 makes the factory raise from torch (a bad factory argument);
-- ``broken_if``: the factory raises while that file exists (the same factory, broken later).
+- ``broken_if``: the factory raises while that file exists (the same factory, broken later);
+- ``fixed_if``: while that file exists the program clamps before the log (the bug fixed; removing the
+  file is a regression).
 
 Fault injection without sleeps: from the ``after``-th call of the program on, while the file
 ``hold`` exists, each call creates ``mark`` and waits; ``hang_after`` makes a call hang for good
@@ -31,7 +33,8 @@ PROGRAM_ERROR = "the program's shapes disagree (planted by the test)"
 
 
 def make_target(seed: int = 0, mode: str = "ok", hidden: int = 4, hold: str | None = None, mark: str | None = None,
-                after: int = 0, hang_after: int = 0, broken_if: str | None = None, width: int = 4):
+                after: int = 0, hang_after: int = 0, broken_if: str | None = None, fixed_if: str | None = None,
+                width: int = 4):
     if mode == "factory_raises" or (broken_if and os.path.exists(broken_if)):
         raise FileNotFoundError(ERROR)
     torch.manual_seed(seed)
@@ -53,6 +56,8 @@ def make_target(seed: int = 0, mode: str = "ok", hidden: int = 4, hold: str | No
                 time.sleep(0.05)
         x = batch["x"]
         z = (x * scale).sum(1) + 0 * weight(x).sum(1)
+        if fixed_if and os.path.exists(fixed_if):
+            z = torch.clamp(z, max=10.0)                  # the fix: sigmoid(10) < 1
         return -torch.log(1 - torch.sigmoid(z)).mean()   # sigmoid rounds to 1 for z > ~17: log(0)
 
     def sample(rng: np.random.Generator):
