@@ -26,14 +26,19 @@ FAULTS = {
         ("actor process SIGKILLed mid-quantum (as a segfault or the OOM killer)", 1),
     "tests/test_reliability.py::test_killed_driver_resumes_with_the_same_findings":
         ("driver SIGKILLed mid-campaign, then --resume", 1),
-    "tests/test_reliability.py::test_hanging_quantum_is_killed_and_the_site_retired_as_timeout":
-        ("user program hangs (quantum over its time limit, twice)", 2),
+    "tests/test_reliability.py::test_hanging_quantum_is_killed_and_the_site_retired_as_timeout[2]":
+        ("user program hangs on Ray (quantum over its time limit, twice)", 2),
+    "tests/test_reliability.py::test_hanging_quantum_is_killed_and_the_site_retired_as_timeout[0]":
+        ("user program hangs with --local (quantum interrupted, twice)", 2),
     "tests/test_reliability.py::test_ctrl_c_stops_cleanly_closes_runs_as_killed_and_keeps_findings":
         ("Ctrl-C (SIGINT) mid-campaign", 1),
     "tests/test_tracking_outage.py::test_tracking_outage_loses_no_metric_and_no_finding":
         ("MLflow server stopped and restarted mid-campaign", 1),
-    "tests/test_reliability.py::test_factory_breaking_the_contract_is_exit_2_and_writes_nothing":
+    "tests/test_reliability.py::test_factory_breaking_the_contract_is_a_target_error_exit_3":
         ("factory returns the wrong thing / bounds low > high", 2),
+    "tests/test_broken_targets.py": ("broken targets on Ray and --local (7 ways), an internal error", 17),
+    "tests/test_stopping.py": ("SIGTERM, SIGINT, time limit mid-campaign (--local and Ray)", 6),
+    "tests/test_resume.py": ("driver SIGKILLed at 3 commits and inside a quantum, then exact --resume", 4),
     "tests/test_config_errors.py": ("bad campaign files (not YAML, unknown or ill-typed fields, ...)", 30),
 }
 

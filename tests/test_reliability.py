@@ -18,6 +18,7 @@ from fuzz_core.search import SearchConfig
 from fuzz_core.sites import OpSite
 from orchestrator.run.executors import ActorDied, Task
 from orchestrator.worker import QuantumOutcome, WorkerOptions
+from records import check_run
 
 
 
@@ -181,7 +182,9 @@ def test_killed_driver_resumes_with_the_same_findings(tmp_path: Path):
     assert all(s["status"] in ("found", "exhausted") for s in after["sites"])
 
 
-def test_factory_breaking_the_contract_is_exit_2_and_writes_nothing(tmp_path: Path):
+def test_factory_breaking_the_contract_is_a_target_error_exit_3(tmp_path: Path):
+    """A factory that returns the wrong thing or bounds with low > high: its target is reported (exit 3, one
+    line, the run folder written), not a configuration error that stops everything."""
     bad = tmp_path / "bad_factory.py"
     bad.write_text("def make_target(seed=0):\n    return 42\n")
     bounds = tmp_path / "bad_bounds.py"
@@ -193,15 +196,19 @@ def test_factory_breaking_the_contract_is_exit_2_and_writes_nothing(tmp_path: Pa
                           bounds={"x": (1.0, -1.0)}, search=["x"])
         """))
     for entry, expected in ((f"{bad}:make_target", "not a fuzz_core.Target"), (f"{bounds}:make_target", "low > high")):
+        out = tmp_path / f"out-{len(expected)}"
         path = tmp_path / "c.yaml"
         path.write_text(f"name: c\ntargets: [{{name: t, entry: '{entry}'}}]\nresources: {{num_actors: 0}}\n"
-                        f"output: {tmp_path / 'out'}\n")
-        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(path)], capture_output=True,
-                              text=True, timeout=120)
-        assert proc.returncode == 2, proc.stderr
-        assert expected in proc.stderr and "Traceback" not in proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1
-        assert not (tmp_path / "out").exists()
+                        f"output: {out}\ntracking: {{enabled: false}}\n")
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", "--plain", str(path)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 3, proc.stderr
+        assert "Traceback" not in proc.stderr
+        (line,) = [x for x in proc.stderr.splitlines() if x.startswith("cdeepfuzz: target t:")]
+        assert expected in line
+        (summary,) = out.glob("c-*/summary.json")
+        (target,) = json.loads(summary.read_text())["targets"]
+        assert (target["status"], target["exit_reason"]) == ("error", "target_error") and expected in target["error"]
 
 
 HANGING = '''
@@ -224,12 +231,15 @@ def make_target(seed=0):
 '''
 
 
-@pytest.mark.ray
 @pytest.mark.slow
-def test_hanging_quantum_is_killed_and_the_site_retired_as_timeout(tmp_path: Path, ray_session):
+@pytest.mark.parametrize("actors", [0, pytest.param(2, marks=pytest.mark.ray)])
+def test_hanging_quantum_is_killed_and_the_site_retired_as_timeout(tmp_path: Path, request, actors):
+    """On Ray the actor is killed; with --local (num_actors 0) the quantum is interrupted in the driver."""
     from orchestrator.run.campaign import RunOptions, run_campaign
     from orchestrator.config import load_campaign
 
+    if actors:
+        request.getfixturevalue("ray_session")
     module = tmp_path / "hangs.py"
     module.write_text(HANGING)
     path = tmp_path / "c.yaml"
@@ -240,7 +250,7 @@ def test_hanging_quantum_is_killed_and_the_site_retired_as_timeout(tmp_path: Pat
           - {{name: mlp, entry: campaigns/targets/softmax_xent_mlp.py:make_target}}
         search: {{max_steps: 100}}
         scheduler: {{quantum: 10}}
-        resources: {{num_actors: 2, max_restarts: 5}}
+        resources: {{num_actors: {actors}, max_restarts: 5}}
         quantum_timeout_s: 4
         device: cpu
         tracking: {{enabled: false}}
@@ -249,11 +259,12 @@ def test_hanging_quantum_is_killed_and_the_site_retired_as_timeout(tmp_path: Pat
     t0 = time.monotonic()
     outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False))
     assert time.monotonic() - t0 < 100                     # nobody waited for the 120 s sleeps
-    summary = json.loads(outcome.summary.read_text())
+    summary = check_run(outcome.run_dir)
     sites = {s["target"]: s for s in summary["sites"]}
-    assert sites["hangs"]["status"] == "timeout", sites["hangs"]
+    assert (sites["hangs"]["status"], sites["hangs"]["exit_reason"]) == ("timeout", "quantum_timeout"), sites["hangs"]
     assert "time limit" in sites["hangs"]["error"]
     assert sites["mlp"]["status"] == "found"                # the campaign went on
+    assert summary["run"]["executor"] == ("ray" if actors else "local")
 
 
 def test_replay_refuses_a_factory_outside_the_tree_unless_trusted(tmp_path: Path):

@@ -47,6 +47,15 @@ class ActorDied(Exception):
     """The actor running a quantum died (crash, segfault, out of memory, node lost)."""
 
 
+DISCOVERY_TIMEOUT_S = 600.0
+
+
+def discovery_timeout(quantum_timeout_s: float) -> float:
+    """How long building a target and running its program once may take before it counts as hanging:
+    factories often train or load a model, so far longer than a quantum."""
+    return max(DISCOVERY_TIMEOUT_S, float(quantum_timeout_s or 0))
+
+
 class _OverTime(BaseException):
     """Raised by the alarm inside a quantum run in the driver that went past its time limit."""
 
@@ -87,6 +96,7 @@ class LocalExecutor:
         self.timeout = quantum_timeout_s
         self.stop = stop
         self.deadline: float | None = None     # the campaign's time limit (monotonic): a quantum stops there too
+        self.discovery_timeout = discovery_timeout(quantum_timeout_s)
         self._queue: deque[Task] = deque()
 
     @property
@@ -99,13 +109,12 @@ class LocalExecutor:
         for spec in specs:
             interruptible = self.stop.interruptible() if self.stop is not None else nullcontext()
             try:
-                with interruptible, time_limit(self.timeout):
+                with interruptible, time_limit(self.discovery_timeout):
                     out[spec.name] = self.worker.try_discover(spec)
             except _OverTime:
                 self.worker.runners.pop(spec.name, None)
                 out[spec.name] = TargetFailure(
-                    f"building and running the target once took over {self.timeout:g}s (quantum_timeout_s): "
-                    f"it hangs, or needs a longer limit", "")
+                    f"building and running the target once took over {self.discovery_timeout:g}s: it hangs", "")
         return out
 
     def replay(self, bugs: list[KnownBug]) -> list[ReplayOutcome]:

@@ -19,7 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fuzz_core.engine import TargetSpec
 from fuzz_core.sites import OpSite
-from orchestrator.run.executors import ActorDied, QuantumTimeout, Task
+from orchestrator.run.executors import ActorDied, QuantumTimeout, Task, discovery_timeout
 from orchestrator.run.replays import KnownBug, ReplayOutcome, replay_known
 from orchestrator.run.stopping import StopRun
 from orchestrator.worker import QuantumOutcome, TargetFailure, Worker, WorkerOptions
@@ -74,6 +74,7 @@ class RayExecutor:
                  max_restarts: int, quantum_timeout_s: float, stop=None) -> None:
         self.stop = stop
         self.deadline: float | None = None    # the controller checks the campaign's time limit between waits
+        self.discovery_timeout = discovery_timeout(quantum_timeout_s)
         env = {"CDEEPFUZZ_GPU_SHARE": str(num_gpus)} if num_gpus else {}
         actor_options = dict(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
                              max_task_retries=0, runtime_env={"env_vars": env} if env else None)
@@ -103,7 +104,7 @@ class RayExecutor:
         pending = {self.actors[i % len(self.actors)].discover.remote(spec): (spec, i % len(self.actors))
                    for i, spec in enumerate(specs)}
         out: dict[str, list[OpSite] | TargetFailure] = {}
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self.discovery_timeout
         while pending:
             if self.stop is not None and self.stop.reason is not None:
                 raise StopRun(self.stop.reason)
@@ -118,8 +119,7 @@ class RayExecutor:
                 for ref, (spec, index) in pending.items():
                     ray.kill(self.actors[index], no_restart=False)
                     out[spec.name] = TargetFailure(
-                        f"building and running the target once took over {self.timeout:g}s "
-                        f"(quantum_timeout_s): it hangs, or needs a longer limit", "")
+                        f"building and running the target once took over {self.discovery_timeout:g}s: it hangs", "")
                 pending = {}
         return {spec.name: out[spec.name] for spec in specs}
 
