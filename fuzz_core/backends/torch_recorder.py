@@ -38,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from fuzz_core.backends.flags import ALWAYS_OK, NOT_SEARCHED, Call, FlagBook
+from fuzz_core.backends.torch_state import storage_of
 from fuzz_core.catalogue import Catalogue, OpSpec
 from fuzz_core.sites import CallerLocator
 
@@ -66,14 +67,6 @@ def _schema_writes(func) -> tuple[tuple[int, ...], tuple[str, ...]]:
         if alias is not None and alias.is_write:
             (keyword.append(arg.name) if arg.kwarg_only else positional.append(i))
     return tuple(positional), tuple(keyword)
-
-
-def _storage(t: torch.Tensor) -> int:
-    """An id of the memory a tensor lives in (views share it); 0 when it has none."""
-    try:
-        return t.untyped_storage().data_ptr()
-    except Exception:   # meta, sparse, some subclasses
-        return 0
 
 
 def _in_backward() -> bool:
@@ -184,7 +177,7 @@ class Recorder(FlagBook):
             self.counts[gkey] = gocc + 1
             self.calls.append(Call(grad_spec, info.kind, location, gocc, inputs, -1, in_ok))
         for pos in watch:
-            ptr = _storage(inputs[pos])
+            ptr = storage_of(inputs[pos])
             if ptr:
                 self._watch.setdefault(ptr, []).append((index, pos))
         return out
@@ -204,11 +197,11 @@ class Recorder(FlagBook):
         """
         if not written:
             return inputs, [i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor) and a.is_floating_point()]
-        ptrs = {_storage(t) for t in written} - {0}
+        ptrs = {storage_of(t) for t in written} - {0}
         ids = {id(t) for t in written}
         out, keep = [], []
         for pos, a in enumerate(inputs):
-            if isinstance(a, torch.Tensor) and (id(a) in ids or _storage(a) in ptrs):
+            if isinstance(a, torch.Tensor) and (id(a) in ids or storage_of(a) in ptrs):
                 saved = self._pending.pop(id(a), None)
                 out.append(saved if saved is not None else a.detach().clone())
             else:
@@ -220,7 +213,7 @@ class Recorder(FlagBook):
     def _protect(self, tensors, differentiable: bool) -> None:
         """Before ``tensors`` are overwritten, copy the recorded inputs that live in them."""
         for t in tensors:
-            entries = self._watch.pop(_storage(t), None) if isinstance(t, torch.Tensor) else None
+            entries = self._watch.pop(storage_of(t), None) if isinstance(t, torch.Tensor) else None
             for index, pos in entries or ():
                 inputs = self.calls[index].inputs
                 x = inputs[pos]
@@ -233,9 +226,9 @@ class Recorder(FlagBook):
             return
         if self._watch:
             self._protect([target], differentiable=True)
-        ptr = _storage(target)
+        ptr = storage_of(target)
         for a in list(args) + list(kwargs.values()):
-            if isinstance(a, torch.Tensor) and a.is_floating_point() and (a is target or (ptr and _storage(a) == ptr)):
+            if isinstance(a, torch.Tensor) and a.is_floating_point() and (a is target or (ptr and storage_of(a) == ptr)):
                 self._pending[id(a)] = a.clone()
 
     def _flag_nan(self, out, kind: str, location: str, index: int) -> int:

@@ -291,9 +291,6 @@ class TorchState:
                 getattr(opt, "state", {}).clear()   # load_state_dict keeps slots it is not given
         self._clean = self.versions()
 
-    def mark_clean(self) -> None:
-        """The current tensors are the reference ``written`` compares with (after a restore)."""
-        self._clean = self.versions()
 
 
 def _is_leaf(value: Any) -> bool:
