@@ -90,7 +90,7 @@ class CampaignMetrics:
 
     def __init__(self, campaign: str, enabled: bool = True) -> None:
         self.campaign = campaign
-        self.enabled = enabled          # False: export nothing (``launch.py --no-metrics``)
+        self.enabled = enabled          # False: export nothing (``cdeepfuzz run --no-metrics``)
         self._seen_steps: dict[str, int] = {}
         self._failed = False
 

@@ -98,7 +98,9 @@ class SummaryObserver(Observer):
         self.write()
 
     def tick(self) -> None:
-        if self._dirty and self.clock() - self._last >= self.interval_s:
+        # at least every interval_s, and never more than ~5% of the time (a large campaign's file is big)
+        wait = max(self.interval_s, 20 * self.write_seconds / max(1, self.writes))
+        if self._dirty and self.clock() - self._last >= wait:
             self.write()
 
     # run_ended: the run's last act is an explicit write(), once every other observer has ended (the

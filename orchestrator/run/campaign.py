@@ -77,6 +77,7 @@ class RunOutcome:
     findings: int
     state: RunState = RunState.COMPLETED
     exit_reason: ExitReason = ExitReason.COMPLETED
+    driver: dict = field(default_factory=dict)   # the driver's own bookkeeping: quanta, status changes, seconds
 
 
 def make_run_dir(root: Path, name: str) -> Path:
@@ -219,7 +220,10 @@ def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop
         code = record.exit_code
         for line in _closing_lines(ctl, record, run_dir, summary, uri, observers):
             observers.message(line)
-    return RunOutcome(code, run_dir, summary, uri, ctl.findings(), record.state, record.exit_reason)
+    driver = {"sites": len(ctl.sites), "quanta": ctl.quanta, "driver_seconds": round(ctl.driver_seconds, 4),
+              "status_changes": ctl.status_changes, "status_seconds": round(ctl.status_seconds, 4),
+              "summary_writes": summary_writer.writes, "summary_seconds": round(summary_writer.write_seconds, 4)}
+    return RunOutcome(code, run_dir, summary, uri, ctl.findings(), record.state, record.exit_reason, driver)
 
 
 def _finish(ctl: Controller, record: RunRecord, store: RunStore, run_dir: Path, t0: float, observers: Observers,

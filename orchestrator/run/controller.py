@@ -145,6 +145,8 @@ class Controller:
         self._dispatches = 0
         self._persisted_at = time.monotonic()
         self._stored_ids: dict[str | None, str | None] = {}   # site id (None: the run) -> MLflow run id stored
+        self.quanta = 0                  # results handled, and the driver's own seconds (all but the waits)
+        self.driver_seconds = 0.0
         self.status_changes = 0          # how many, and the driver's seconds spent on them (store and observers)
         self.status_seconds = 0.0
 
@@ -278,11 +280,17 @@ class Controller:
                 if time.monotonic() > deadline:
                     stop.request(ExitReason.TIME_LIMIT)
                     break
+                turn = time.perf_counter()
                 self._dispatch()
-                for task, outcome in self.executor.wait(WAIT_S):
+                waited = time.perf_counter()
+                done = self.executor.wait(WAIT_S)
+                waited = time.perf_counter() - waited
+                for task, outcome in done:
                     self._handle(task, outcome)
                 self.observers.tick()
                 self._persist_learned()
+                self.quanta += len(done)
+                self.driver_seconds += time.perf_counter() - turn - waited
         except StopRun as exc:
             stop.request(exc.reason)
         except KeyboardInterrupt:
@@ -317,8 +325,9 @@ class Controller:
                     rec.inflight = {"action": decision.action.value, "steps": decision.steps,
                                     "seq": self._dispatches}
                     if rec.status is SiteStatus.PENDING:
-                        self.set_status(rec, SiteStatus.SEARCHING)
-                    self.store.put_site(rec, self._order[rec.site.id])
+                        self.set_status(rec, SiteStatus.SEARCHING)     # writes the record too
+                    else:
+                        self.store.put_site(rec, self._order[rec.site.id])
                     tasks.append(self._task(rec, decision.action is Action.REFRESH, decision.steps))
         for task in tasks:
             self.executor.submit(task)
@@ -377,7 +386,8 @@ class Controller:
             losses = tuple(p.suspect_loss for p in result.trace)
             self.scheduler.on_progress(SiteProgress(rec.site.id, result.steps, losses, rec.best_loss,
                                                     out.finding is not None, log_space=result.log_space))
-            self.store.put_site(rec, self._order[rec.site.id])
+            if not status.final:                      # else _retire's set_status writes the record
+                self.store.put_site(rec, self._order[rec.site.id])
             self._events.append(lambda: self.observers.quantum(rec, result))
             if out.finding is not None:
                 self._events.append(lambda: self.observers.finding(rec, out.finding, folder))
