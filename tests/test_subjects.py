@@ -10,10 +10,17 @@ For every buggy subject a witness batch within the bounds (the subject's own
 go non-finite: the *first* op whose output is non-finite from finite inputs is the
 planted one. For the clean twins, the buggy twin's witness (which drives the same
 hazard: a huge logit gap, a silenced layer, a negative variance) leaves every op finite.
+
+The subjects whose bug arises only in the training step (issue 15) are checked the same
+way one phase later: on the witness the forward pass stays finite, while the gradient of
+the program's loss (backward subjects) and the program's own training step (all of them)
+go non-finite; on their guarded twins the same witness reaches the same edge (a zero
+variance, a certain prediction, a pair of equal points) and the whole step stays finite.
 """
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -46,6 +53,17 @@ BUGGY = {
     "train_only_bug": ("exp", "log"),
     "nan_not_in_loss": "log",
 }
+# subject whose bug arises only in the training step -> its phase: "backward" (the gradient of
+# the program's loss goes non-finite) or "update" (the gradient is finite, the update is not)
+STEP_BUGGY = {
+    "attn_empty_sequence": "backward",
+    "instnorm_flatline": "backward",
+    "logreg_focal_plain": "backward",
+    "gan_minibatch_std": "backward",
+    "vae_logvar_underflow": "backward",
+    "poincare_hierarchy": "backward",
+    "poisson_adam_overflow": "update",
+}
 # clean subject -> the buggy twin whose witness drives the same hazard (None: none)
 CLEAN = {
     "softmax_xent_mlp_guarded": "softmax_xent_mlp",
@@ -54,8 +72,9 @@ CLEAN = {
     "rsqrt_norm_guarded": "rsqrt_norm",
     "sqrt_var_guarded": "vae_sqrt_var",
     "masked_attention_guarded": None,
+    **{f"{name}_guarded": name for name in STEP_BUGGY},
 }
-SUBJECTS = sorted(BUGGY) + sorted(CLEAN)
+SUBJECTS = sorted(BUGGY) + sorted(STEP_BUGGY) + sorted(CLEAN)
 TRAIN_ONLY_STEPS = 20
 
 # suspect ops (aten packets, in-place variants included) whose infinities count
@@ -164,7 +183,7 @@ def within_bounds(target: Target, batch: dict) -> None:
 def test_every_torch_subject_is_covered():
     files = {p.stem for p in TARGETS.glob("*.py") if not p.stem.startswith(("tf_", "_"))}
     assert files == set(SUBJECTS), f"untested: {sorted(files - set(SUBJECTS))}, missing: {sorted(set(SUBJECTS) - files)}"
-    assert len(BUGGY) >= 13 and len(CLEAN) >= 5
+    assert len(BUGGY) >= 13 and len(CLEAN) >= 5 and len(STEP_BUGGY) >= 7
 
 
 @pytest.mark.parametrize("name", SUBJECTS)
@@ -304,3 +323,116 @@ def test_masked_attention_stays_clean_at_the_corners():
         assert op is None and all(finite(t) for t in outs), op
     mask = torch.nn.Transformer.generate_square_subsequent_mask(4)
     assert torch.isinf(mask).any(), "the intended -inf mask is there"
+
+
+# ---- subjects whose bug arises only in the training step -------------------------------
+
+def trainable(target: Target) -> list[torch.Tensor]:
+    """The tensors the program trains: its model's parameters, or the tensors that require a
+    gradient in ``program``'s closure (a plain-tensor program)."""
+    if target.model is not None:
+        return [p for p in target.model.parameters() if p.requires_grad]
+    cells = [c.cell_contents for c in (target.program.__closure__ or ())]
+    return [t for t in cells if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def optimizer_state(target: Target) -> list[torch.Tensor]:
+    opts = target.optimizer if isinstance(target.optimizer, (list, tuple)) else [target.optimizer]
+    if target.train_step is not None:      # the optimizers a train_step holds in its closure
+        opts = [c.cell_contents for c in (target.train_step.__closure__ or ())
+                if isinstance(c.cell_contents, torch.optim.Optimizer)]
+    return [v for opt in opts if opt is not None for st in opt.state.values() for v in st.values()
+            if isinstance(v, torch.Tensor) and v.is_floating_point()]
+
+
+def training_step(target: Target, batch: dict, seed: int = 0) -> None:
+    """The program's own step, as the engine takes it: its train_step, or zero_grad, backward, step."""
+    tb = to_torch(batch)
+    torch.manual_seed(seed)
+    if target.train_step is not None:
+        target.train_step(tb)
+        return
+    target.optimizer.zero_grad()
+    outputs(target.program(tb))[0].backward()
+    target.optimizer.step()
+
+
+def loss_grads(target: Target, batch: dict, seed: int = 0) -> list[torch.Tensor]:
+    params = trainable(target)
+    loss = run(target, batch, seed)[0]
+    return [g for g in torch.autograd.grad(loss, params, allow_unused=True) if g is not None]
+
+
+@pytest.mark.parametrize("name", sorted(STEP_BUGGY))
+def test_witness_breaks_only_the_training_step(name):
+    target = module(name).make_target(seed=0)          # trained below: not the shared one
+    batch = module(name).witness(target)
+    check_batch(batch, target.search)
+    within_bounds(target, batch)
+    op, outs = first_nonfinite(target, batch)
+    assert op is None and all(finite(t) for t in outs), f"the forward pass went non-finite at {op}"
+    grads = loss_grads(target, batch)
+    if STEP_BUGGY[name] == "backward":
+        assert not all(finite(g) for g in grads), "the gradient of the program's loss stayed finite"
+    else:
+        assert all(finite(g) for g in grads), "an update-phase bug has a finite gradient"
+    before = [t.detach().clone() for t in trainable(target) + optimizer_state(target)]
+    assert all(finite(t) for t in before)
+    training_step(target, batch)
+    after = trainable(target) + optimizer_state(target)
+    assert not all(finite(t) for t in after), "the program's own training step stayed finite"
+
+
+@pytest.mark.parametrize("name", sorted(STEP_BUGGY))
+def test_sampled_batches_train_finitely(name):
+    """Not a bug that every batch shows: three training steps on sampled batches stay finite."""
+    target = module(name).make_target(seed=0)
+    rng = np.random.default_rng(3)
+    for step in range(3):
+        batch = target.sample(rng)
+        assert all(finite(g) for g in loss_grads(target, batch, step))
+        training_step(target, batch, step)
+    assert all(finite(t) for t in trainable(target) + optimizer_state(target))
+
+
+class InputRange(TorchDispatchMode):
+    """Smallest and largest value of the first input of the given aten ops."""
+
+    def __init__(self, ops: set[str]):
+        super().__init__()
+        self.ops, self.low, self.high = ops, math.inf, -math.inf
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in self.ops and isinstance(args[0], torch.Tensor):
+            self.low = min(self.low, float(args[0].min()))
+            self.high = max(self.high, float(args[0].max()))
+        return func(*args, **(kwargs or {}))
+
+
+# guarded twin -> (the guarded op, the edge its input reaches on the buggy twin's witness)
+GUARD_EDGE = {
+    "attn_empty_sequence_guarded": ({"rsqrt"}, lambda lo, hi: lo == np.float32(1e-6)),        # mean(x^2) == 0
+    "instnorm_flatline_guarded": ({"sqrt"}, lambda lo, hi: lo == np.float32(1e-5)),          # var == 0
+    "logreg_focal_plain_guarded": ({"pow"}, lambda lo, hi: lo == np.float32(1e-6)),          # p_t == 1
+    "gan_minibatch_std_guarded": ({"sqrt"}, lambda lo, hi: lo == np.float32(1e-8)),          # var == 0
+    "vae_logvar_underflow_guarded": ({"exp"}, lambda lo, hi: lo < -104.0),                   # exp underflows
+    "poisson_adam_overflow_guarded": ({"exp"}, lambda lo, hi: hi == 20.0),                   # at the clamp
+    "poincare_hierarchy_guarded": ({"acosh"}, lambda lo, hi: lo == np.float32(1 + 1e-7)),    # equal points
+}
+
+
+@pytest.mark.parametrize("name", sorted(GUARD_EDGE))
+def test_guarded_twin_trains_finitely_at_the_edge_where_its_twin_breaks(name):
+    target = module(name).make_target(seed=0)
+    batch = module(CLEAN[name]).witness(target)        # the buggy twin's recipe, on the guarded program
+    within_bounds(target, batch)
+    ops, reached = GUARD_EDGE[name]
+    mode = InputRange(ops)
+    with torch.no_grad(), mode:
+        run(target, batch)
+    assert reached(mode.low, mode.high), f"the witness did not reach the edge: {ops} saw [{mode.low}, {mode.high}]"
+    op, outs = first_nonfinite(target, batch)
+    assert op is None and all(finite(t) for t in outs)
+    assert all(finite(g) for g in loss_grads(target, batch))
+    training_step(target, batch)
+    assert all(finite(t) for t in trainable(target) + optimizer_state(target))
