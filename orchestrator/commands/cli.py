@@ -21,8 +21,13 @@ import typer
 
 from orchestrator.config import ConfigError, load_campaign
 
+EXIT_CODES_HELP = ("Exit codes of run: 0 completed, no finding; 1 completed with findings; 2 usage or "
+                   "configuration error; 3 a target could not be built or its program raised; 4 stopped before "
+                   "completion (SIGTERM, SIGINT, time limit: continue with --resume); 5 internal error of "
+                   "CDeepFuzz (please report it).")
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Find NaN/Inf bugs in deep-learning programs by gradient back-propagation.")
+                  help="Find NaN/Inf bugs in deep-learning programs by gradient back-propagation.",
+                  epilog=EXIT_CODES_HELP)
 
 EXIT_TARGET, EXIT_INTERNAL = 3, 5
 
@@ -61,7 +66,12 @@ def run(
                                         help="exit 0, not 1, when the campaign completed with findings "
                                              "(for job schedulers that call any non-zero exit a failure)"),
 ) -> None:
-    """Run a campaign: discover every suspect op site and search them (exit codes: see cdeepfuzz --help)."""
+    """Run a campaign: discover every suspect op site and search them.
+
+    Exit codes: 0 completed, no finding; 1 completed with findings; 2 usage or configuration error;
+    3 a target could not be built or its program raised; 4 stopped before completion (SIGTERM, SIGINT,
+    time limit: continue with --resume); 5 internal error of CDeepFuzz (please report it).
+    """
     from orchestrator.commands.run import RunArgs, run as run_command
 
     try:

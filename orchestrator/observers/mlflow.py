@@ -55,6 +55,7 @@ class MlflowObserver(Observer):
         self.per_site = True
         self.resumed = False
         self.sites: list = []
+        self._started: set[str] = set()          # site runs started (or reopened) by this session
         self._target_counts: dict[str, Counter] = {}
         self._last_refresh = 0.0
 
@@ -86,6 +87,7 @@ class MlflowObserver(Observer):
                 if not rec.status.final:
                     self.tracker.start_site(rec.site.id, rec.site.label, site_tags(rec.site, rec.status),
                                             run_id=rec.mlflow_run_id, adopt=self.resumed)
+                    self._started.add(rec.site.id)
                 elif self.resumed:         # its end may have been lost with the driver that was killed
                     self.tracker.close_site(rec.site.id, {**site_tags(rec.site, rec.status),
                                                           "exit_reason": rec.exit_reason.value,
@@ -137,8 +139,8 @@ class MlflowObserver(Observer):
         counts = self._target_counts.setdefault(rec.site.target, Counter())
         counts[before] -= 1
         counts[rec.status] += 1
-        if not self.per_site:
-            return
+        if not self.per_site or rec.site.id not in self._started:
+            return      # not started yet (a stopped site reopened by a resume): sites_ready sends its status
         tags: dict[str, Any] = {"status": rec.status.value, "exit_reason": rec.exit_reason.value,
                                 "steps": str(rec.steps)}
         if rec.error:

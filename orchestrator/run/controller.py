@@ -459,18 +459,19 @@ class Controller:
             self.store.put_run(self.record)
 
     def _persist_learned(self, force: bool = False) -> None:
-        """Every few seconds, persist what observers learned about the records (the MLflow run ids)."""
+        """Every few seconds, persist what observers learned about the records (the MLflow run ids), and the
+        scheduler's own statistics when its policy has a ``state()``."""
         now = time.monotonic()
         if not force and now - self._persisted_at < PERSIST_S:
             return
         self._persisted_at = now
         changed = [rec for rec in self.sites.values() if rec.mlflow_run_id != self._stored_ids.get(rec.site.id)]
-        if not changed and self.record.mlflow_run_id == self._stored_ids.get(None):
-            return
         with self._txn():
             for rec in changed:
                 self.store.put_site(rec, self._order[rec.site.id])
-            self.store.put_run(self.record)
+            if changed or self.record.mlflow_run_id != self._stored_ids.get(None):
+                self.store.put_run(self.record)
+            self.scheduler.save_state()       # the policy's statistics, for people and tools
         self._stored_ids.update({rec.site.id: rec.mlflow_run_id for rec in changed})
         self._stored_ids[None] = self.record.mlflow_run_id
 
