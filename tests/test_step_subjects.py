@@ -143,3 +143,16 @@ def test_the_same_search_on_the_guarded_twin_finds_nothing(name):
         cand = result.candidate
         assert cand is None, f"{twin}: {site.label}: {cand.phase} at {cand.first_op}"
         assert result.steps == case.budget or result.status.value == "unreachable"
+
+
+def test_the_step_watch_benchmark_accounts_for_every_search(capsys):
+    """benchmarks/step_watch.py on one subject: a finding in the update phase, its twin clean, no
+    search that met a non-finite value without a finding, nothing written."""
+    from benchmarks import step_watch
+
+    assert step_watch.main(["--only", "poisson_adam_overflow", "--strategies", "adaptive", "--max-steps", "10",
+                            "--guard-steps", "10", "--no-replay", "--no-overhead", "--no-write"]) == 0
+    out = capsys.readouterr().out
+    assert "| poisson_adam_overflow | update, update@" in out and "| adaptive | found | update |" in out
+    assert "Searches that met a non-finite value and ended without a finding: **0**" in out
+    assert "| poisson_adam_overflow_guarded | adaptive | 1 | 10 | none |" in out
