@@ -80,44 +80,18 @@ def campaign(targets: dict, strategy: str, policy: str, max_steps: int, quantum:
         "tracking": {"enabled": False}})
 
 
-class _Enough(Exception):
-    """Raised from the controller's loop once ``stop_when`` holds."""
-
-
 def run_controller(camp, executor, run_dir: Path, select=None, stop_when=None):
     """Run one campaign in this process; ``select(site) -> bool`` keeps only some sites;
-    ``stop_when(controller) -> bool``, asked after each quantum, ends the campaign early."""
-    from fuzz_core.search import SearchConfig
-    from orchestrator.run.campaign import target_specs
-    from orchestrator.run.controller import Controller, LoopLimits
-    from orchestrator.observers.progress import Progress
+    ``stop_when(controller) -> bool``, asked after each quantum, ends the campaign early. Returns the
+    controller, the seconds it ran and the driver's own seconds per quantum (an executor wrapper times
+    them: nothing of the controller is patched)."""
+    from orchestrator.run.inprocess import TimedExecutor
+    from orchestrator.run.inprocess import run_controller as run_in_process
 
-    specs = target_specs(camp)
-    config = SearchConfig(camp.search.strategy, camp.search.max_steps, camp.search.seed)
-    quiet = Progress(camp.name, camp.search.max_steps, camp.time_limit_s, enabled=False)
-    ctl = Controller(camp, run_dir, executor, None, None, quiet, specs, config, LoopLimits(3600, 3))
-    handle = ctl._handle
-    timings: list[float] = []
-
-    def timed(task, outcome):
-        t = time.perf_counter()
-        handle(task, outcome)
-        timings.append(time.perf_counter() - t)
-        if stop_when is not None and stop_when(ctl):
-            raise _Enough
-
-    ctl._handle = timed
-    found = executor.discover(list(specs.values()))
-    if select is not None:
-        found = {name: sites if isinstance(sites, Exception) else [s for s in sites if select(s)]
-                 for name, sites in found.items()}
-    ctl.add_targets(found)
+    timed = TimedExecutor(executor)
     t0 = time.perf_counter()
-    try:
-        ctl.run()
-    except _Enough:
-        pass
-    return ctl, time.perf_counter() - t0, timings
+    ctl = run_in_process(camp, timed, run_dir, select=select, stop_when=stop_when)
+    return ctl, time.perf_counter() - t0, timed.per_quantum
 
 
 # The scheduler campaigns: 5 buggy and 20 guarded op sites, each picked by (target, op, n): the

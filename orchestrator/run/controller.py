@@ -371,8 +371,6 @@ class Controller:
         folder = self._write_finding(rec, out.finding) if out.finding is not None else None
         with self._txn():
             if out.checkpoint is not None:
-                if rec.checkpoint:
-                    self._garbage.append(rec.checkpoint)
                 rec.checkpoint = self._write_checkpoint(rec, out.checkpoint)
                 rec.state = out.checkpoint
             rec.inflight = None
@@ -422,8 +420,11 @@ class Controller:
         return folder
 
     def _write_checkpoint(self, rec: SiteRecord, checkpoint) -> str:
+        """Two slots per site, used in turn: the new checkpoint never replaces the one the store names
+        until the transaction that names it commits (a driver killed in between resumes from the old)."""
         arrays, meta = checkpoint
-        name = f"{rec.site.id}-{int(meta.get('step', rec.steps)):09d}"
+        slot = "b" if rec.checkpoint and rec.checkpoint.endswith(".a.safetensors") else "a"
+        name = f"{rec.site.id}.{slot}"
         folder = self.run_dir / CHECKPOINTS
         atomic_save_arrays(folder / f"{name}.safetensors", arrays)
         atomic_write_json(folder / f"{name}.json", meta)
@@ -437,11 +438,14 @@ class Controller:
         return load_arrays(arrays_path), read_json(meta_path)
 
     def _remove_checkpoint(self, ref: str | None) -> None:
+        """Both slots of a final site's checkpoint."""
         if not ref:
             return
         path = self.run_dir / ref
-        for p in (path, path.with_suffix(".json")):
-            p.unlink(missing_ok=True)
+        base = path.name.split(".", 1)[0]
+        for slot in ("a", "b"):
+            for suffix in (".safetensors", ".json"):
+                (path.parent / f"{base}.{slot}{suffix}").unlink(missing_ok=True)
 
     # -- the end ------------------------------------------------------------------------------------
     def finish_targets(self) -> None:

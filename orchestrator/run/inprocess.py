@@ -26,7 +26,9 @@ class TimedExecutor:
         self.inner, self.slots = inner, inner.slots
         self.driver_seconds = 0.0
         self.results = 0
+        self.per_quantum: list[float] = []      # each turn that handled results: its seconds per result
         self._back: float | None = None
+        self._last = 0
 
     running = property(lambda self: self.inner.running)
 
@@ -41,9 +43,13 @@ class TimedExecutor:
 
     def wait(self, timeout):
         if self._back is not None:
-            self.driver_seconds += time.perf_counter() - self._back
+            turn = time.perf_counter() - self._back
+            self.driver_seconds += turn
+            if self._last:
+                self.per_quantum.append(turn / self._last)
         done = self.inner.wait(timeout)
         self.results += len(done)
+        self._last = len(done)
         self._back = time.perf_counter()
         return done
 
