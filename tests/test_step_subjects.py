@@ -39,16 +39,6 @@ CASES = {
     "tf_graph_dropout_noise": Case("sqrt_grad", 0, 20, TF),
     "tf_keras_angular": Case("acos_grad", 0, 40, TF + (pytest.mark.slow,)),
 }
-# the engine names these wrongly (see the report of issue 15): a program that trains through its
-# own train_step gets its backward NaN named as the update (and, with its .grad cleared after
-# the update, as the update phase)
-MISNAMED = {
-    "logreg_focal_plain": "engine: train_step whose update clears .grad: backward NaN reported as phase "
-                          "'update', first op the update's mul in train_step",
-    "gan_minibatch_std": "engine: train_step program: the backward NaN's first op is named 'update' at "
-                         "opt_g.step() instead of the sqrt that made it",
-}
-
 # the guarded op's line in each twin (its sites are searched as the buggy twin's site was)
 GUARDED_TEXT = {
     "attn_empty_sequence": "torch.rsqrt((x ** 2).mean(-1, keepdim=True) + eps)",
@@ -115,7 +105,7 @@ def test_found_within_a_small_budget_and_replayed_in_fresh_builds(name):
         assert not finding.flaky
 
 
-@pytest.mark.parametrize("name", params(MISNAMED))
+@pytest.mark.parametrize("name", params())
 def test_phase_and_first_op_are_where_the_bug_arises(name):
     _, result, finding = search(name)
     assert finding is not None

@@ -77,6 +77,11 @@ class FlagBook:
 
     def first_event(self, values: list[bool], outputs_bad: bool, program_location: str) -> OpRef | None:
         """The first op whose output went non-finite by its own doing."""
+        return self.first_event_at(values, outputs_bad, program_location)[1]
+
+    def first_event_at(self, values: list[bool], outputs_bad: bool,
+                       program_location: str) -> tuple[int, OpRef | None]:
+        """:meth:`first_event` and the index of its flag (``len(flags)`` for the outputs, -1 for none)."""
         for i, bad in enumerate(values[: len(self.flags)]):
             kind, location, index = self.flag_ops[i]
             if not bad or index == IN_OK:
@@ -85,11 +90,11 @@ class FlagBook:
                 call = self.calls[index]
                 if call.in_ok >= 0 and not values[call.in_ok]:
                     continue     # its inputs were already non-finite: not the origin
-                return OpRef(call.spec.name, call.kind, call.location, call.occurrence)
-            return OpRef(kind, kind, location or "<not located: replay names it>", 0)
+                return i, OpRef(call.spec.name, call.kind, call.location, call.occurrence)
+            return i, OpRef(kind, kind, location or "<not located: replay names it>", 0)
         if outputs_bad:
-            return OpRef("output", "output", program_location, 0, nan=False)
-        return None
+            return len(self.flags), OpRef("output", "output", program_location, 0, nan=False)
+        return -1, None
 
     def triggered(self, values: list[bool], call) -> bool:
         """The site's own output went non-finite while its inputs were finite."""

@@ -19,7 +19,7 @@ from fuzz_core.backends.base import (
 )
 from fuzz_core.backends.base import OpRef
 from fuzz_core.backends.torch_recorder import Recorder, RecordingMode, WatchMode, any_nonfinite
-from fuzz_core.backends.torch_state import TorchState, WriteWatch
+from fuzz_core.backends.torch_state import TorchState, WriteWatch, storage_of
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue, log_floor
 from fuzz_core.sites import OpSite, relative_path
 from fuzz_core.target import Target, TargetError
@@ -250,7 +250,7 @@ class TorchRunner(TargetBatches):
         if first is None and self.trains and loss is not None:
             phase = self._train(batch, loss, seed, pre)[1]
             if phase is not None:
-                result.first_op, grad_key = self._diagnose(pre, values, seed, phase)
+                result.first_op, grad_key, phase = self._diagnose(pre, values, seed, phase)
                 result.event, result.phase = True, phase
                 if grad_key is not None:
                     result.triggered[grad_key] = True
@@ -283,7 +283,7 @@ class TorchRunner(TargetBatches):
             ev.passes += int(self.target.train_step is not None)
             if ev.phase is not None:
                 ev.event = True
-                ev.first_op, grad_key = self._diagnose(pre, values, seed, ev.phase)
+                ev.first_op, grad_key, ev.phase = self._diagnose(pre, values, seed, ev.phase)
                 ev.triggered = grad_key == site.key
             elif ev.trained and self.options.search_weights:
                 ev.weights = self.weights()
@@ -362,13 +362,21 @@ class TorchRunner(TargetBatches):
         return False
 
     def _diagnose(self, pre: dict | None, values: dict[str, np.ndarray], seed: int,
-                  phase: str) -> tuple[OpRef | None, tuple[str, str, int] | None]:
-        """Re-run a bad step from the state it started from, every autograd node and update op
-        checked: the first op at fault, and the key of the backward-hazard site it belongs to."""
+                  phase: str) -> tuple[OpRef | None, tuple[str, str, int] | None, str]:
+        """Re-run a bad step from the state it started from, every autograd node hooked and every
+        in-place write into the program's state checked: the first op at fault (in whichever phase:
+        ``phase`` is only what the cheap check saw), and the key of the backward-hazard site it
+        belongs to."""
         if pre is not None:
             self.state.restore(pre)
         batch, _ = self._tensors(values, grad=False)
-        recorder = Recorder(self.catalogue, locate_all=True, diagnose=True, extra_specs=self._grad_specs)
+        state = self.state
+
+        def is_state(t: torch.Tensor) -> bool:
+            return (t.is_leaf and t.requires_grad) or storage_of(t) in state.storages()
+
+        recorder = Recorder(self.catalogue, locate_all=True, diagnose=True, extra_specs=self._grad_specs,
+                            is_state=is_state)
         seed_everything(seed)
         with torch.enable_grad(), RecordingMode(recorder):
             out = self.target.program(batch)
@@ -383,19 +391,22 @@ class TorchRunner(TargetBatches):
                 loss.mean().backward()
                 for opt in self._optimizers:
                     opt.step()
-        node = recorder.first_backward() if phase == "backward" else None
-        if node is not None:
-            op, kind, location, occurrence, grad_name = node
+        program = _where(self.target.program)
+        problem = recorder.first_problem(any_nonfinite(out), program)
+        if problem is None:
+            return OpRef(phase, phase, "<not located: replay names it>", 0), None, phase
+        found, what = problem
+        if found == "forward":                  # inside a train_step's own forward pass
+            return what, None, found
+        if found == "backward":
+            op, kind, location, occurrence, grad_name = what
             key = (grad_name, location, occurrence) if grad_name else None
-            return OpRef(op, f"{kind} (backward)", location, occurrence), key
-        update = recorder.first_update()
-        if update is not None:
-            kind, location = update
-            if self.target.train_step is None:      # the engine stepped the optimizer: name the program
-                location = _where(self.target.program)
-            opt = type(self._optimizers[0]).__name__ if self._optimizers else "train_step"
-            return OpRef("update", f"{opt}: {kind}", location, 0), None
-        return OpRef(phase, phase, "<not located: replay names it>", 0), None
+            return OpRef(op, f"{kind} (backward)", location, occurrence), key, found
+        kind, location = what
+        if self.target.train_step is None:      # the engine stepped the optimizer: name the program
+            location = program
+        opt = type(self._optimizers[0]).__name__ if self._optimizers else "train_step"
+        return OpRef("update", f"{opt}: {kind}", location, 0), None, found
 
 
 def _where(fn: Any) -> str:

@@ -101,11 +101,13 @@ class Recorder(FlagBook):
     diagnose: bool = False             # hook every output's autograd node; flag the update's ops
     extra_specs: dict[str, OpSpec] = field(default_factory=dict)   # packet -> a backward-hazard spec
     backward_nodes: list[tuple] = field(default_factory=list)   # (op, kind, location, occ, backward-hazard name)
-    backward_flags: list[tuple[int, Any, Any]] = field(default_factory=list)    # (node, bad in, bad out)
-    update_ops: list[tuple[str, str, Any]] = field(default_factory=list)     # (kind, location, bad) after backward
+    backward_flags: list[tuple[int, int, Any, Any]] = field(default_factory=list)   # (seq, node, bad in, bad out)
+    update_ops: list[tuple[int, str, str, Any]] = field(default_factory=list)   # (seq, kind, location, bad)
+    is_state: Any = None               # diagnosis: does an in-place write hit the program's state (an update)?
+    flag_seq: list[int] = field(default_factory=list)   # the event order of each flag
     _fresh: list[tuple[Any, int]] = field(default_factory=list)
     _hooked: set = field(default_factory=set)
-    _backward_seen: bool = False
+    _seq: int = 0
 
     def info(self, func) -> _OpInfo:
         hit = self._info.get(func)
@@ -120,9 +122,16 @@ class Recorder(FlagBook):
             hit = self._info[func] = _OpInfo(packet, kind, spec, check, writes, write_kwargs)
         return hit
 
+    def push(self, flag, op: tuple[str, str, int] | None = None) -> int:
+        self.flag_seq.append(self._next())
+        return super().push(flag, op)
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
+
     def handle(self, func, args: tuple, kwargs: dict):
         if _in_backward():   # a backward run inside the program: its ops are not forward sites
-            self._backward_seen = True
             return func(*args, **kwargs)
         info = self.info(func)
         written = self._written(info, args, kwargs) if (info.writes or info.write_kwargs) else ()
@@ -131,14 +140,12 @@ class Recorder(FlagBook):
                 self._protect(written, differentiable=False)
             if self.watch is not None:
                 self.watch.wrote(written, info.kind, lambda: LOCATOR.locate(4))
-        if self._backward_seen and self.diagnose:   # the program's own update, after its backward
-            out = func(*args, **kwargs)
-            self.update_ops.append((info.kind, LOCATOR.locate(2), any_nonfinite(out)))
-            return out
         if info.spec is None:
             out = func(*args, **kwargs)
-            if self.watch is not None:
-                self.watch.created(out)
+            if written and self.is_state is not None and any(self.is_state(t) for t in written):
+                # an in-place write into the program's state: an optimizer's update (diagnosis)
+                self.update_ops.append((self._next(), info.kind, LOCATOR.locate(2), any_nonfinite(written)))
+                return out
             if info.check:
                 loc = LOCATOR.locate(2) if self.locate_all else ""
                 self._flag_nan(out, info.kind, loc, -1)
@@ -260,31 +267,34 @@ class Recorder(FlagBook):
 
     def _backward_hook(self, meta: int):
         def hook(grad_inputs, grad_outputs):
-            self.backward_flags.append((meta, any_nonfinite(grad_inputs), any_nonfinite(grad_outputs)))
+            self.backward_flags.append((self._next(), meta, any_nonfinite(grad_inputs), any_nonfinite(grad_outputs)))
         return hook
 
-    def first_backward(self) -> tuple | None:
-        """The first backward node (in execution order) that made non-finite gradients from finite
-        incoming ones, as (op, kind, location, occurrence, backward-hazard name or None) of the
-        forward op that created it."""
-        if not self.backward_flags:
-            return None
-        values = torch.stack([torch.stack([b.reshape(()), o.reshape(())]) for _, b, o in self.backward_flags])
-        values = values.cpu().tolist()
-        for (meta, _, _), (bad_in, bad_out) in zip(self.backward_flags, values):
-            if bad_in and not bad_out:
-                return self.backward_nodes[meta]
-        return None
-
-    def first_update(self) -> tuple[str, str] | None:
-        """(kind, location) of the first op of the program's update that wrote a non-finite value."""
-        if not self.update_ops:
-            return None
-        values = torch.stack([f.reshape(()) for _, _, f in self.update_ops]).cpu().tolist()
-        for (kind, location, _), bad in zip(self.update_ops, values):
+    def first_problem(self, outputs_bad: torch.Tensor, program_location: str) -> tuple[str, Any] | None:
+        """The earliest non-finite value of a diagnosed step, whatever its phase: ``("forward",
+        OpRef)``, ``("backward", (op, kind, location, occurrence, backward-hazard name))`` for the
+        first backward node that made non-finite gradients from finite incoming ones (named by the
+        forward op that created it), or ``("update", (kind, location))`` for the first in-place
+        write into the program's state that left it non-finite. A train_step that trains two nets
+        (a GAN) runs forward, backward and update twice: the order of events decides."""
+        n_flags, n_backward = len(self.flags), len(self.backward_flags)
+        extra = [outputs_bad] + [t for _, _, b, o in self.backward_flags for t in (b, o)]
+        extra += [f for *_, f in self.update_ops]
+        values = self.resolve(extra)
+        found: list[tuple[int, str, Any]] = []
+        i, op = self.first_event_at(values[:n_flags + 1], values[n_flags], program_location)
+        if op is not None:
+            found.append((self.flag_seq[i] if i < n_flags else self._seq + 1, "forward", op))
+        backward = values[n_flags + 1:n_flags + 1 + 2 * n_backward]
+        for k, (seq, meta, _, _) in enumerate(self.backward_flags):
+            if backward[2 * k] and not backward[2 * k + 1]:
+                found.append((seq, "backward", self.backward_nodes[meta]))
+                break
+        for (seq, kind, location, _), bad in zip(self.update_ops, values[n_flags + 1 + 2 * n_backward:]):
             if bad:
-                return kind, location
-        return None
+                found.append((seq, "update", (kind, location)))
+                break
+        return min(found, key=lambda f: f[0])[1:] if found else None
 
     def resolve(self, extra: list[torch.Tensor] = ()) -> list[bool]:
         """One device sync for every flag of the pass (plus ``extra`` flags at the end)."""
