@@ -19,7 +19,7 @@ from typing import Optional
 
 import typer
 
-from orchestrator.config import ConfigError, load_campaign
+from orchestrator.config import ConfigError
 
 EXIT_CODES_HELP = ("Exit codes of run: 0 completed, no finding; 1 completed with findings; 2 usage or "
                    "configuration error; 3 a target could not be built or its program raised; 4 stopped before "
@@ -86,48 +86,23 @@ def run(
 def sites(campaign: Path = typer.Argument(..., help="campaign YAML file"),
           as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
     """List every suspect op site found in the campaign's targets (nothing is searched)."""
-    from orchestrator.run.campaign import target_specs, worker_options
-    from orchestrator.run.failures import from_target_failure
-    from orchestrator.worker import TargetFailure, Worker
+    from orchestrator.commands.sites import discover, print_table
+    from orchestrator.run.failures import describe
 
     try:
-        cfg = load_campaign(campaign)
+        rows, broken = discover(campaign)
     except ConfigError as exc:
         _fail(str(exc))
-    worker = Worker(worker_options(cfg))
-    rows, broken = [], []
-    for spec in target_specs(cfg).values():
-        found = worker.try_discover(spec)
-        if isinstance(found, TargetFailure):
-            broken.append((spec.name, from_target_failure(found)))
-            continue
-        rows += [s.to_dict() for s in found]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
     else:
-        _sites_table(rows)
+        print_table(rows)
+    for name, failure in broken:
+        typer.echo(describe(f"target {name}", failure), err=True)
+        if failure.traceback:
+            typer.echo(failure.traceback.rstrip(), err=True)
     if broken:
-        from orchestrator.run.failures import describe
-
-        for name, failure in broken:
-            typer.echo(describe(f"target {name}", failure), err=True)
-            if failure.traceback:
-                typer.echo(failure.traceback.rstrip(), err=True)
         raise typer.Exit(EXIT_INTERNAL if any(f.internal for _, f in broken) else EXIT_TARGET)
-
-
-def _sites_table(rows: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"{sum(r['searched'] for r in rows)} suspect op sites "
-                        f"({sum(not r['searched'] for r in rows)} stable ops recorded, not searched)")
-    for col in ("target", "op", "kind", "hazard", "location", "occ", "id", "searched"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(r["target"], r["op"], r["kind"], r["hazard"], r["location"], str(r["occurrence"]),
-                      r["id"], "yes" if r["searched"] else "no (stable)")
-    Console().print(table)
 
 
 @app.command()
@@ -181,23 +156,15 @@ def bugs(campaign: Optional[str] = typer.Option(None, "--campaign", help="only b
 def sync(run_folder: Path = typer.Argument(..., help="a run folder whose tracking was spooled"),
          tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="default: the run's own")) -> None:
     """Send what a run spooled while MLflow was unreachable (exit 1 if some is still left)."""
-    from fuzz_core.io import read_json
-    from orchestrator.config import resolve_tracking_uri
-    from orchestrator.observers.tracking_sender import SPOOL_NAME, replay_spool
+    from orchestrator.commands.sync import sync as send
 
-    summary = run_folder / "summary.json"
-    if tracking_uri is None and summary.is_file():
-        try:
-            read_json(summary)
-        except (OSError, ValueError) as exc:
-            _fail(f"{summary}: cannot be read ({exc}): give --tracking-uri")
-    uri = resolve_tracking_uri(tracking_uri, run_dir=run_folder)
-    if not uri:
-        _fail(f"{run_folder}: no tracking URI: give --tracking-uri")
-    if not (run_folder / SPOOL_NAME).is_file():
-        typer.echo(f"nothing to send: {run_folder / SPOOL_NAME} does not exist")
+    try:
+        uri, result = send(run_folder, tracking_uri)
+    except ConfigError as exc:
+        _fail(str(exc))
+    if uri is None:
+        typer.echo(f"nothing to send: {result} does not exist")
         return
-    result = replay_spool(uri, run_folder)
     typer.echo(f"sent {result.sent}, dropped {result.dropped} (invalid), left {result.left} -> {uri}")
     raise typer.Exit(1 if result.left else 0)
 
@@ -238,26 +205,12 @@ def fix(folder: Path = typer.Argument(..., help="a finding folder"),
         trust: bool = typer.Option(False, "--trust", help="run a factory outside the current directory tree"),
         device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto")) -> None:
     """Suggest a guard for a finding and verify it by searching the guarded program; exit 0 if verified."""
-    from fuzz_core.backends.base import RunnerOptions
-    from fuzz_core.engine import TargetSpec
-    from fuzz_core.findings import FindingError, load_finding
-    from fuzz_core.fixes import suggest_and_verify
-    from orchestrator.commands.replay import ReplayError, TargetBroken, build_target, check_entry_exists, check_trusted
-    from orchestrator.run.failures import from_exception
+    from fuzz_core.findings import FindingError
+    from orchestrator.commands.fix import fix as suggest
+    from orchestrator.commands.replay import ReplayError, TargetBroken
 
     try:
-        report = load_finding(folder).report
-        entry = str(report["target"].get("entry", ""))
-        check_trusted(entry, trust)
-        check_entry_exists(entry, folder)
-        runner = None
-        if (report["target"].get("framework") or "torch") == "torch":
-            runner = build_target(TargetSpec.from_dict(report["target"]),
-                                  RunnerOptions(device=device, search_weights=report.get("trigger") == "weights"))
-        try:
-            section = suggest_and_verify(folder, budget, device=device, runner=runner)
-        except Exception as exc:  # noqa: BLE001 - the program raised under the guard, or CDeepFuzz did
-            raise TargetBroken(str(report["target"].get("name", "")), from_exception(exc)) from None
+        section = suggest(folder, budget, trust, device)
     except (FindingError, ReplayError) as exc:
         _fail(str(exc))
     except TargetBroken as exc:
