@@ -43,7 +43,7 @@ from benchmarks.grist_suite.model import Bug, Subject, marked_lines  # noqa: E40
 
 SUITE = Path(__file__).resolve().parent
 CACHE = SUITE / ".cache"
-RUNNER_VERSION = "1"            # bump when what a worker measures changes
+RUNNER_VERSION = "2"            # bump when what a worker measures changes
 REGISTRIES = {"torch": "benchmarks.grist_suite.subjects_torch",
               "tensorflow": "benchmarks.grist_suite.subjects_tf"}
 STRATEGIES = ("adaptive", "grist", "random")
@@ -125,12 +125,16 @@ def code_version(subject: Subject) -> str:
 
 # ----------------------------------------------------------------------------- worker (child process)
 class _Watched:
-    """The runner, with every step's evaluation watched for non-finite values the site did not own."""
+    """The runner, with every step's evaluation watched for non-finite values the site did not own.
+
+    Each event keeps the number of steps (forward passes) before it, so that the events of the
+    budgeted search can be told from those of the engine's out-of-bounds probe, which runs on
+    past an exhausted site's budget in a widened box (not a finding by design)."""
 
     def __init__(self, runner) -> None:
         self._runner = runner
-        self.events = 0
-        self.event_ops: list[dict] = []
+        self.passes = 0
+        self.events: list[tuple[int, dict | None]] = []
 
     def __getattr__(self, name: str):
         return getattr(self._runner, name)
@@ -138,11 +142,19 @@ class _Watched:
     def evaluate(self, *args, **kwargs):
         ev = self._runner.evaluate(*args, **kwargs)
         if getattr(ev, "event", False) and not getattr(ev, "triggered", False):
-            self.events += 1
             op = ev.first_op.to_dict() if getattr(ev, "first_op", None) is not None else None
-            if op not in self.event_ops and len(self.event_ops) < 5:
-                self.event_ops.append(op)
+            self.events.append((self.passes, op))
+        self.passes += int(getattr(ev, "passes", 1) or 1)
         return ev
+
+    def split(self, steps: int) -> tuple[list[dict | None], int, int]:
+        """(distinct first ops of the events within the first ``steps`` steps, their count, the rest's count)."""
+        inside = [op for n, op in self.events if n < steps]
+        distinct: list[dict | None] = []
+        for op in inside:
+            if op not in distinct and len(distinct) < 5:
+                distinct.append(op)
+        return distinct, len(inside), len(self.events) - len(inside)
 
 
 def _tail(exc: BaseException, lines: int = 6) -> str:
@@ -208,9 +220,11 @@ def search_group(framework: str, sid: int, strategy: str, max_steps: int, seed: 
             except Exception:  # noqa: BLE001
                 break
             continue
+        event_ops, events, probe_events = watched.split(int(result.steps))
         rec.update(steps=int(result.steps), search_s=round(float(result.seconds), 4), status=str(result.status),
                    exit_reason=str(getattr(result, "exit_reason", "")), best_loss=_finite(result.best_loss),
-                   events=watched.events, event_ops=watched.event_ops)
+                   events=events, event_ops=event_ops, probe_events=probe_events,
+                   reach=json.loads(json.dumps(getattr(result, "reach", None), default=str)))
         cand = result.candidate
         if cand is not None:
             rec["candidate"] = True
@@ -277,6 +291,7 @@ def worker(task: dict[str, Any]) -> dict[str, Any]:
     out["groups"] = [search_group(task["framework"], task["subject"], task["strategy"], task["max_steps"],
                                   task["seed"], g, t_launch, findings_dir) for g in task["groups"]]
     out["wall_s"] = round(time.time() - t_launch, 3)
+    out["load"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     return out
 
 
@@ -299,7 +314,12 @@ def run_task(task: dict[str, Any], timeout: float) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         return dict(task, crash=f"timed out after {timeout:.0f} s", groups=[])
     if proc.returncode != 0 or not out_file.exists():
-        return dict(task, crash=f"exit {proc.returncode}: {(proc.stderr or '').strip()[-1500:]}", groups=[])
+        err = (proc.stderr or "").strip()
+        log = ROOT / task["cache"] / "crashes" / f"{task['key']}-{task['strategy']}-{task['max_steps']}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"{' '.join(cmd[:2])} --worker '<task>'\n{err}\n")
+        last = err.splitlines()[-1] if err else "no output"
+        return dict(task, crash=f"exit {proc.returncode}: {last} (log: {_rel(log)})", groups=[])
     result = json.loads(out_file.read_text())
     out_file.unlink()
     return result
@@ -357,10 +377,12 @@ def _line_of(location: str | None) -> tuple[str, int] | None:
 
 
 def at_bug(site: dict, bug: Bug) -> bool:
-    """The site, or the first op that went non-finite, sits on a line marked for ``bug``."""
+    """The site (when its own hazard fired), or the first op that went non-finite, sits on a line
+    marked for ``bug``. A candidate that another op produced while the site was searched (the
+    engine's ``site_triggered`` false) is that op's finding, not the site's."""
     path = bug.entry.split(":", 1)[0]
     lines = set(marked_lines(bug.entry).get(bug.id, []))
-    spots = [site.get("location")]
+    spots = [] if site.get("own") is False else [site.get("location")]
     for key in ("first_op", "fresh_first_op"):
         if isinstance(site.get(key), dict):
             spots.append(site[key].get("location"))
@@ -402,7 +424,7 @@ def anomalies(subjects: list[Subject], results: dict[tuple, dict], strategies: l
                 if g.get("error"):
                     out["crash"].append((tag, g["error"].splitlines()[-1][:200]))
                 for s in g["sites"]:
-                    where = f"{s['op']}@{s['location']}#{s['occurrence']}"
+                    where = f"{s['op']}@{s['location']}" + (f"#{s['occurrence']}" if s['occurrence'] else "")
                     if s.get("error"):
                         out["crash"].append((f"{tag} {where}", s["error"].splitlines()[-1][:200]))
                     if s.get("candidate") and "engine_replays" not in s and not s.get("confirmed"):
@@ -418,7 +440,9 @@ def anomalies(subjects: list[Subject], results: dict[tuple, dict], strategies: l
                                 found_ops.add(s[key].get("location"))
                         found_ops.add(s["location"])
                         if not any(at_bug(s, b) for b in marked):
-                            out["other"].append((f"{tag} {where}", s["steps"]))
+                            first = s.get("first_op") if s.get("own") is False else None
+                            what = f"{first['op']}@{first['location']}" if isinstance(first, dict) else where
+                            out["other"].append((f"{tag} {what}", s["steps"]))
             for g in res["groups"]:
                 for s in g["sites"]:
                     if s.get("events") and not s.get("candidate"):
@@ -428,6 +452,28 @@ def anomalies(subjects: list[Subject], results: dict[tuple, dict], strategies: l
                                 (f"{tag} site {s['op']}@{s['location']}", s["events"],
                                  ", ".join("?" if o is None else f"{o['op']}@{o['location']}" for o in ops)))
     return out
+
+
+def miss_note(bug: Bug, res: dict | None) -> str | None:
+    """For a missed bug: how close the search of its own site came, and the engine's probe outside
+    the bounds (``reach``): where the op would go non-finite if the inputs could leave them."""
+    if not res or "crash" in res:
+        return None
+    group = next((g for g in res["groups"] if _of_group(bug, g)), None)
+    if group is None:
+        return None
+    own = [s for s in group["sites"] if s["op"] == bug.op and at_bug(s, bug) and s.get("steps") is not None]
+    if not own:
+        return None
+    best = min(own, key=lambda s: s.get("best_loss") if s.get("best_loss") is not None else math.inf)
+    reach = best.get("reach") or {}
+    loss = best.get("best_loss")
+    text = f"closest suspect loss {loss:.3g}" if loss is not None else "no suspect loss"
+    if any(s.get("candidate") and not (s.get("confirmed") and s.get("fresh_replay")) for s in own):
+        text += " (it triggered, but the finding fails a fresh replay)"
+    if reach.get("message"):
+        text += f"; probe: {reach['message']}"
+    return text
 
 
 def _fmt_steps(o: dict, max_steps: int) -> str:
@@ -463,7 +509,7 @@ def _published(bug: Bug) -> str:
 
 
 def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list[str], max_steps: int,
-           frameworks: list[str], missing: list[str], seed: int) -> str:
+           frameworks: list[str], missing: list[str], seed: int, note: str = "") -> str:
     runnable = [s for s in subjects if s.runnable]
     bugs = [(s, b) for s in runnable for b in s.bugs]
     outcome = {(b.id, st): bug_outcome(s, b, results.get((subject_key(s), st)), max_steps)
@@ -492,16 +538,24 @@ def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list
     text = [f"## GRIST's benchmark, {names} (issue 17)\n",
             f"{len(runnable)} runnable subjects, {len(bugs)} bugs; budget **{max_steps} steps per op site**, "
             f"seed {seed}, every searched op site of a subject searched on its own from the factory's state. "
-            "A bug counts as found when a finding whose site or first non-finite op is on the line marked "
-            "`# GRIST bug <id>` replays in a fresh rebuild of the target; a cell shows steps to trigger "
+            "A bug counts as found when a finding whose first non-finite op (or whose site, when the site's own "
+            "hazard fired) is on the line marked `# GRIST bug <id>` reproduces in every fresh rebuild of the "
+            "target (the engine's replays and a replay of the saved folder); a cell shows steps to trigger "
             "(search seconds); `-` is a miss, counted as the budget. GRIST published: GRIST's own per-bug "
             "figures (n/a: not found in any reachable source, see benchmarks/grist_suite/README.md). "
             f"Random-hard: random does not trigger the bug within {RANDOM_HARD_STEPS} steps.\n",
             table(["bug", "subject", "op", "GRIST published", *strategies, "replay", "random-hard"], rows), ""]
     engines = sorted({r.get("engine", "?") for r in results.values() if "crash" not in r})
     walls = [r["wall_s"] for r in results.values() if "wall_s" in r]
-    text.insert(2, f"Engine at {', '.join(engines) or '?'}; {len(walls)} (subject, strategy) processes, "
-                   f"{sum(walls) / 60:.0f} CPU-minutes in all (one thread each).\n")
+    loads = [r["load"] for r in results.values() if r.get("load") is not None]
+    commits = sorted({e.split("+")[0] for e in engines})
+    engine_text = (f"engine at {engines[0]}" if len(engines) == 1 else
+                   f"{len(engines)} states of the engine (commits {', '.join(commits)}, some with uncommitted "
+                   "changes: it was being changed while the suite ran)")
+    text.insert(2, f"Run on {engine_text}; {len(walls)} (subject, strategy) processes, {sum(walls) / 60:.0f} "
+                   "process-minutes of wall time in all (one thread each)"
+                   + (f", 1-minute load average at their ends: median {statistics.median(loads):.1f}"
+                      if loads else "") + ".\n" + (f"\n{note}\n" if note else ""))
 
     tot = []
     for st in strategies:
@@ -543,11 +597,21 @@ def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list
              f"on their authors' machines: Soft Assertion fuzzer {SOFT_ASSERTION_S} s, RANUM {RANUM_S} s per bug.\n",
              table(["strategy", "bugs found", "end to end (s, mean)", "search only (s, mean)"], sec_rows), ""]
 
+    missed = [(s, b) for s, b in bugs if not any(outcome[(b.id, st)]["found"] for st in strategies)]
+    if missed:
+        text.append("**Missed by every strategy** (the search of the bug's own site, per strategy):\n")
+        for s, b in missed:
+            notes = [f"{st}: {n}" for st in strategies
+                     if (n := miss_note(b, results.get((subject_key(s), st))))]
+            text.append(f"- {b.id} ({b.op}): " + (" | ".join(notes) if notes else "no search of its site"))
+        text.append("")
+
     an = anomalies(runnable, results, strategies)
     text.append(f"**Findings that fail a fresh replay: {len(an['failed_replay'])}** (must be 0)"
                 + (": " + "; ".join(t for t, _ in an["failed_replay"]) if an["failed_replay"] else "") + ".")
     text.append(f"Candidates the engine's own replay discarded: {len(an['discarded'])}. "
-                f"Sites whose search saw a non-finite value elsewhere and ended without a finding there: "
+                f"Sites whose search (within its budget; the engine's probe outside the bounds excluded) saw "
+                f"a non-finite value elsewhere and ended without a finding there: "
                 f"{len(an['nan_no_finding'])}. Crashes: {len(an['crash'])}.\n")
     if an["other"]:
         seen = sorted({t.split(" ", 2)[0] + " " + t.split(" ", 2)[2] for t, _ in an["other"]})
@@ -587,6 +651,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", default=CACHE.relative_to(ROOT).as_posix(),
                     help="cache folder, relative to the repository root (default: %(default)s)")
     ap.add_argument("--json", help="also write the per-bug outcomes and anomalies to this JSON file")
+    ap.add_argument("--note", default="", help="a sentence for the section (the conditions of the run)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -613,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run_all(tasks, args.jobs, args.timeout, args.rerun, args.report_only)
     print(f"done in {time.time() - t0:.0f} s", flush=True)
     frameworks = [f for f in args.frameworks if any(s.framework == f for s in all_subjects)] or args.frameworks
-    body = report(subjects, results, args.strategies, args.max_steps, frameworks, missing, args.seed)
+    body = report(subjects, results, args.strategies, args.max_steps, frameworks, missing, args.seed, args.note)
     print(body)
     if args.json:
         runnable = [s for s in subjects if s.runnable]
