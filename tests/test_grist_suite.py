@@ -1,0 +1,227 @@
+"""GRIST's benchmark suite: the registries, the factories, the bug marks and the runner.
+
+Both registries are picked up: benchmarks/grist_suite/subjects_torch.py, and
+subjects_tf.py once it exists (its subjects are marked ``tf``).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.grist_suite import run as suite_run  # noqa: E402
+from benchmarks.grist_suite.model import MARK, Bug, Subject, marked_lines  # noqa: E402
+
+# GRIST's dataset_info.md: 63 subjects, 79 bugs; these subjects have more than one bug.
+SEVERAL_BUGS = {2: 2, 9: 2, 11: 3, 16: 3, 28: 4, 35: 2, 36: 2, 39: 2, 43: 2, 45: 2, 48: 2, 49: 2}
+# The subjects whose program imports torch (the rest import tensorflow).
+TORCH_IDS = {4, 5, 12, 13, 22, 23, 26, 27, 32, 33, 34, 37, 38, 46, 47, 51, 53, 54, 56, 57, 62, 63}
+
+
+def _registry(framework: str) -> list[Subject]:
+    try:
+        return importlib.import_module(suite_run.REGISTRIES[framework]).SUBJECTS
+    except ModuleNotFoundError as exc:
+        if exc.name != suite_run.REGISTRIES[framework]:
+            raise
+        return []
+
+
+TORCH = _registry("torch")
+TF = _registry("tensorflow")
+
+
+def _params(subjects: list[Subject], marks=()) -> list:
+    return [pytest.param(s, b, id=b.id, marks=marks) for s in subjects for b in s.bugs]
+
+
+ALL_BUGS = _params(TORCH) + _params(TF, marks=(pytest.mark.tf,))
+# a TF1 graph takes seconds to build: the TF half of the build test is slow as well
+RUNNABLE_BUGS = _params([s for s in TORCH if s.runnable]) + _params([s for s in TF if s.runnable],
+                                                                    marks=(pytest.mark.tf, pytest.mark.slow))
+
+
+def test_torch_registry_is_the_pytorch_half():
+    assert {s.id for s in TORCH} == TORCH_IDS
+    assert all(s.framework == "torch" for s in TORCH)
+    assert len({s.id for s in TORCH}) == len(TORCH)
+
+
+def test_registries_are_disjoint_and_count_grists_bugs():
+    ids = [s.id for s in TORCH + TF]
+    assert len(ids) == len(set(ids)), "a subject is registered twice"
+    for s in TORCH + TF:
+        assert 1 <= s.id <= 63
+        assert len(s.bugs) == SEVERAL_BUGS.get(s.id, 1), f"ID_{s.id}"
+        ids_of_bugs = [b.id for b in s.bugs]
+        expected = [f"ID_{s.id}"] if len(s.bugs) == 1 else [f"ID_{s.id}{c}" for c in "abcd"[:len(s.bugs)]]
+        assert ids_of_bugs == expected
+        assert s.runnable or s.reason, f"ID_{s.id} cannot run but says not why"
+
+
+@pytest.mark.parametrize("subject,bug", ALL_BUGS)
+def test_every_bug_has_a_marked_line_in_its_entry_file(subject: Subject, bug: Bug):
+    path = ROOT / bug.entry.split(":", 1)[0]
+    assert path.is_file(), bug.entry
+    assert not Path(bug.entry.split(":", 1)[0]).is_absolute()
+    assert marked_lines(bug.entry).get(bug.id), f"{bug.id}: no line marked '# GRIST bug {bug.id}' in {path.name}"
+
+
+@pytest.mark.parametrize("subject,bug", ALL_BUGS)
+def test_marks_name_only_the_subjects_own_bugs(subject: Subject, bug: Bug):
+    own = {b.id for b in subject.bugs}
+    assert set(marked_lines(bug.entry)) <= own
+
+
+def test_factories_name_their_arguments_and_their_source():
+    for s in TORCH:
+        for b in s.bugs:
+            text = (ROOT / b.entry.split(":", 1)[0]).read_text()
+            assert "**" not in text.split("def make_target", 1)[1].split(")", 1)[0], b.entry
+            doc = text.split('"""', 2)[1]
+            assert f"scripts/study_case/ID_{s.id}/" in doc and "re-expressed" in doc.lower(), b.entry
+            assert s.name in doc, b.entry
+
+
+@pytest.mark.parametrize("subject,bug", RUNNABLE_BUGS)
+def test_factory_builds_and_its_program_runs_on_a_sampled_batch(subject: Subject, bug: Bug):
+    """The factory builds, its sample honours the contract, the program runs unmodified on it, and
+    the op at fault is one of the sites the engine discovers, on the marked line."""
+    from fuzz_core.engine import TargetSpec, build_runner, discover_sites
+
+    spec = TargetSpec(f"grist-id{subject.id:02d}", bug.entry, dict(bug.args), framework=subject.framework)
+    runner = build_runner(spec)
+    batch = runner.target.check_batch(runner.target.sample(np.random.default_rng(1)))
+    for name in runner.target.search:
+        if name in runner.target.bounds:
+            lo, hi = (np.asarray(b, dtype=batch[name].dtype) for b in runner.target.bounds[name])
+            assert lo <= batch[name].min() and batch[name].max() <= hi, name   # in the input's own dtype
+    runner.check(batch, 0)                     # the unmodified program, one pass
+    lines = set(marked_lines(bug.entry)[bug.id])
+    path = bug.entry.split(":", 1)[0]
+    sites = discover_sites(runner, 0)
+    at_mark = [s for s in sites if s.location.rpartition(":")[0] == path
+               and int(s.location.rpartition(":")[2]) in lines]
+    assert any(s.op == bug.op and s.searched for s in at_mark), \
+        f"{bug.id}: no searched {bug.op!r} site on lines {sorted(lines)}; sites: {[s.label for s in sites]}"
+
+
+# ---------------------------------------------------------------- the runner's judgement (no processes)
+BUG = Bug(id="ID_26", op="log", entry="benchmarks/grist_suite/torch_programs/id26_logistic_regression.py:make_target")
+SUBJECT = Subject(id=26, name="x", framework="torch", bugs=(BUG,))
+
+
+def _marked() -> str:
+    return f"{BUG.entry.split(':')[0]}:{marked_lines(BUG.entry)['ID_26'][0]}"
+
+
+def _result(*sites: dict) -> dict:
+    return {"groups": [{"entry": BUG.entry, "args": {}, "setup_s": 1.0, "error": None, "sites": list(sites)}]}
+
+
+def _site(location: str, steps: int, fresh: bool = True, confirmed: bool = True, first: str | None = None) -> dict:
+    return {"op": "log", "location": location, "occurrence": 0, "steps": steps, "search_s": 0.1, "e2e_s": 1.5,
+            "candidate": True, "confirmed": confirmed, "fresh_replay": fresh, "engine_replays": [1, 1],
+            "first_op": {"op": "log", "location": first or location}}
+
+
+def test_a_bug_is_found_at_its_marked_line_with_its_fewest_steps():
+    out = suite_run.bug_outcome(SUBJECT, BUG, _result(_site(_marked(), 9), _site(_marked(), 4)), 500)
+    assert out["found"] and out["steps"] == 4 and out["replay"] == "ok"
+
+
+def test_a_finding_elsewhere_is_not_the_bug_and_a_miss_counts_as_the_budget():
+    elsewhere = f"{BUG.entry.split(':')[0]}:1"
+    out = suite_run.bug_outcome(SUBJECT, BUG, _result(_site(elsewhere, 3)), 500)
+    assert not out["found"] and out["steps"] == 500
+    an = suite_run.anomalies([SUBJECT], {("torch-id26", "adaptive"): _result(_site(elsewhere, 3))}, ["adaptive"])
+    assert an["other"] and not an["failed_replay"]
+
+
+def test_a_first_op_on_the_marked_line_counts():
+    elsewhere = f"{BUG.entry.split(':')[0]}:1"
+    out = suite_run.bug_outcome(SUBJECT, BUG, _result(_site(elsewhere, 7, first=_marked())), 500)
+    assert out["found"] and out["steps"] == 7
+
+
+def test_a_site_whose_own_hazard_did_not_fire_counts_by_its_first_op_only():
+    elsewhere = f"{BUG.entry.split(':')[0]}:1"
+    site = dict(_site(_marked(), 5, first=elsewhere), own=False)
+    assert not suite_run.bug_outcome(SUBJECT, BUG, _result(site), 500)["found"]
+    site = dict(_site(elsewhere, 5, first=_marked()), own=False)
+    assert suite_run.bug_outcome(SUBJECT, BUG, _result(site), 500)["found"]
+
+
+def test_a_finding_that_fails_a_fresh_replay_is_not_found_and_is_reported():
+    res = _result(_site(_marked(), 2, fresh=False))
+    out = suite_run.bug_outcome(SUBJECT, BUG, res, 500)
+    assert not out["found"] and out["replay"] == "FAILED"
+    an = suite_run.anomalies([SUBJECT], {("torch-id26", "grist"): res}, ["grist"])
+    assert len(an["failed_replay"]) == 1
+
+
+def test_a_crashed_worker_is_reported():
+    res = {"crash": "exit 1: Traceback ...", "groups": []}
+    assert suite_run.bug_outcome(SUBJECT, BUG, res, 500)["replay"] == "crash"
+    assert suite_run.anomalies([SUBJECT], {("torch-id26", "random"): res}, ["random"])["crash"]
+
+
+def test_events_of_the_out_of_bounds_probe_are_told_from_the_search():
+    """Non-finite values past the site's steps come from the engine's probe outside the bounds."""
+    class Ev:
+        def __init__(self, event, passes=1):
+            self.event, self.triggered, self.passes = event, False, passes
+            self.first_op = None
+
+    class Runner:
+        def __init__(self, evs):
+            self.evs = iter(evs)
+
+        def evaluate(self, *args, **kwargs):
+            return next(self.evs)
+
+    watched = suite_run._Watched(Runner([Ev(False), Ev(True, passes=2), Ev(False), Ev(True), Ev(True)]))
+    for _ in range(5):
+        watched.evaluate()
+    ops, inside, probe = watched.split(4)          # the search's 4 steps: passes 0, 1-2, 3
+    assert (inside, probe) == (1, 2) and ops == [None]
+
+
+def test_subject_ids_are_picked_with_or_without_prefix_and_letter():
+    subjects = [Subject(id=i, name=str(i), framework="torch") for i in (9, 26, 27)]
+    assert [s.id for s in suite_run.pick(subjects, ["26", "ID_9a"])] == [9, 26]
+
+
+def test_the_mark_pattern_reads_one_or_several_ids():
+    assert MARK.search("x = 1  # GRIST bug ID_9a, ID_9b").group(1).split(",")[0].strip() == "ID_9a"
+
+
+# ---------------------------------------------------------------- end to end (child processes)
+@pytest.mark.slow
+def test_runner_end_to_end_on_two_subjects(tmp_path):
+    """ID_13 triggers on the program's own data (log of a 0 attribute); ID_26 needs the program's
+    SGD to move its plain-tensor weights first, so its replay checks that their state is saved.
+    A second run is served from the cache."""
+    out = tmp_path / "out.json"
+    cache = tmp_path / "cache"
+    argv = ["--frameworks", "torch", "--subjects", "13", "26", "--max-steps", "40", "--jobs", "2",
+            "--no-write", "--cache", str(cache), "--json", str(out)]
+    assert suite_run.main(argv) == 0
+    data = json.loads(out.read_text())
+    for strategy in ("adaptive", "grist", "random"):
+        assert data["bugs"]["ID_13"][strategy]["found"], strategy
+        assert data["bugs"]["ID_13"][strategy]["replay"] == "ok"
+    assert data["bugs"]["ID_26"]["adaptive"]["found"]
+    assert data["anomalies"]["failed_replay"] == [] and data["anomalies"]["crash"] == []
+    results = sorted((cache / "results").glob("*.json"))
+    assert len(results) == 6
+    stamps = [p.stat().st_mtime_ns for p in results]
+    assert suite_run.main(argv) == 0
+    assert [p.stat().st_mtime_ns for p in results] == stamps, "a cached result was run again"
