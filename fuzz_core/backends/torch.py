@@ -340,8 +340,8 @@ class TorchRunner(TargetBatches):
                 opt.step()
         else:
             return False, None
-        written = {k: t for k, t in self.state.tensors.items() if t._version != before[k] and t.is_floating_point()}
-        grads = [t.grad for t in self.state.tensors.values() if t.grad is not None and t.grad.is_floating_point()]
+        written = {k: t for k, t in self.state.changed_since(before).items() if t.is_floating_point()}
+        grads = [t.grad for t in self.state.current().values() if t.grad is not None and t.grad.is_floating_point()]
         slots = self.state.slots()
         if not bool(_nonfinite(grads + list(written.values()) + slots)):    # the one sync of a good step
             return True, None

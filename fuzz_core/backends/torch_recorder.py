@@ -146,6 +146,8 @@ class Recorder(FlagBook):
                 # an in-place write into the program's state: an optimizer's update (diagnosis)
                 self.update_ops.append((self._next(), info.kind, LOCATOR.locate(2), any_nonfinite(written)))
                 return out
+            if self.watch is not None:
+                self.watch.created(out)
             if info.check:
                 loc = LOCATOR.locate(2) if self.locate_all else ""
                 self._flag_nan(out, info.kind, loc, -1)

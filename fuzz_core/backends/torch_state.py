@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fuzz_core.reach import reachable
+from fuzz_core.reach import Slot, reachable
 from fuzz_core.target import Target, TargetError
 
 _META = "__meta__"
@@ -64,12 +64,13 @@ class TorchState:
     """The tracked state of one built target: find it, snapshot it, restore it, prove it."""
 
     def __init__(self, target: Target) -> None:
-        self.tensors: dict[str, torch.Tensor] = {}
+        self.tensors: dict[str, torch.Tensor] = {}     # the tensors as the factory built them
+        self.places: dict[str, Slot] = {}              # where the program holds them, if it can rebind them
         self.optimizers: list[Any] = []
         self.objects: dict[str, Any] = {}
         ids: set[int] = set()
 
-        def add(name: str, t: torch.Tensor) -> None:
+        def add(name: str, t: torch.Tensor, slot: Slot | None = None) -> None:
             if id(t) in ids:
                 return
             ids.add(id(t))
@@ -77,6 +78,8 @@ class TorchState:
             while key in self.tensors:
                 key, i = f"{name}_{i}", i + 1
             self.tensors[key] = t
+            if slot is not None:
+                self.places[key] = slot
 
         model = target.model
         if model is not None:
@@ -92,9 +95,9 @@ class TorchState:
                               f"or a list of them, got {type(target.optimizer).__name__}")
         self.core: set[str] = set(self.tensors)     # the model's: always part of a snapshot
         roots = [("program", target.program), ("train_step", target.train_step)]
-        for path, value in reachable(roots, _is_leaf):
+        for path, value, slot in reachable(roots, _is_leaf):
             if isinstance(value, torch.Tensor):
-                add("tensor." + path, value)
+                add("tensor." + path, value, slot)
             elif isinstance(value, torch.nn.Module):
                 for k, v in value.state_dict(keep_vars=True).items():
                     add(f"tensor.{path}.{k}", v)
@@ -111,6 +114,9 @@ class TorchState:
         ids_core = {id(p) for p in self.params()}
         self.core |= {k for k, t in self.tensors.items() if id(t) in ids_core or t.requires_grad}
         self._clean = self.versions()
+        # autograd flags as built: a program that turns requires_grad on, or leaves a .grad behind
+        # (gradients accumulate), must not hand them to the next site
+        self._flags = {k: (t.requires_grad, t.grad is None) for k, t in self.tensors.items() if t.is_leaf}
         self._buffers: dict[Any, torch.Tensor] = {}     # capture()'s copies, reused step after step
         self.initial = self.get(everything=True)
         self.unrestorable: list[str] = []          # tracked tensors written that the initial snapshot lacks
@@ -120,24 +126,47 @@ class TorchState:
             self.optimizers.append(opt)
 
     # -- what a step may write --------------------------------------------------------------
+    def current(self) -> dict[str, torch.Tensor]:
+        """Each tracked tensor as the program holds it now: where the program rebound a closure
+        variable, a dict item or an attribute (``nonlocal W; W = W - lr * W.grad``), the new one."""
+        if not self.places:
+            return self.tensors
+        out = dict(self.tensors)
+        for k, slot in self.places.items():
+            v = slot.get()
+            if isinstance(v, torch.Tensor) and v is not out[k]:
+                out[k] = v
+        return out
+
+    def _unbind(self) -> None:
+        """Put the factory's tensors back where the program rebound other ones."""
+        for k, slot in self.places.items():
+            if slot.get() is not self.tensors[k]:
+                slot.set(self.tensors[k])
+
     def storages(self) -> set[int]:
         """Memory of every tracked tensor, optimizer slot and parameter gradient (now)."""
         out = {storage_of(t) for t in self.tensors.values()}
+        out.update(storage_of(t) for t in self.current().values())
         for opt in self.optimizers:
             for slots in getattr(opt, "state", {}).values():
                 out.update(storage_of(v) for v in slots.values() if isinstance(v, torch.Tensor))
-        out.update(storage_of(t.grad) for t in self.tensors.values() if t.grad is not None)
+        out.update(storage_of(t.grad) for t in self.current().values() if t.grad is not None)
         out.discard(0)
         return out
 
-    def versions(self) -> dict[str, int]:
-        """In-place write counters of the tracked tensors: a changed one was written."""
-        return {k: t._version for k, t in self.tensors.items()}
+    def versions(self) -> dict[str, tuple[int, int]]:
+        """Which tensor each name holds and its in-place write counter: a change of either is a
+        write (in place, or a rebinding)."""
+        return {k: (id(t), t._version) for k, t in self.current().items()}
 
     def written(self) -> list[str]:
-        """Tracked tensors written since the last reset (or build)."""
-        clean = self._clean
-        return [k for k, t in self.tensors.items() if t._version != clean[k]]
+        """Tracked tensors written (or rebound) since the last reset (or build)."""
+        return list(self.changed_since(self._clean))
+
+    def changed_since(self, before: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
+        """The tensors (as held now) whose binding or write counter differs from ``before``."""
+        return {k: t for k, t in self.current().items() if (id(t), t._version) != before[k]}
 
     def changed(self) -> bool:
         """The state is no longer the one the last reset left (a step trained, a buffer moved)."""
@@ -158,7 +187,7 @@ class TorchState:
         buffers kept from one step to the next (a copy per step, no allocation). Valid until the
         next capture: a bad step's candidate materializes it at once."""
         keep = set(self.core) | set(self.written())
-        pairs: list[tuple[Any, torch.Tensor]] = [(k, t.detach()) for k, t in self.tensors.items() if k in keep]
+        pairs: list[tuple[Any, torch.Tensor]] = [(k, t.detach()) for k, t in self.current().items() if k in keep]
         snap: dict[str, Any] = {"tensors": {}, "optim": [], "objects": {}}
         for i, opt in enumerate(self.optimizers):
             sd = opt.state_dict()
@@ -193,6 +222,7 @@ class TorchState:
 
     def restore(self, snap: dict[str, Any]) -> None:
         """Back to a :meth:`capture` (for a diagnosis re-run of a bad step)."""
+        self._unbind()
         with torch.no_grad():
             for k, v in snap["tensors"].items():
                 self.tensors[k].copy_(v)
@@ -233,7 +263,7 @@ class TorchState:
                 if k not in keep and size <= budget:
                     keep.add(k)
                     budget -= size
-        state = {k: v.detach().cpu().numpy().copy() for k, v in self.tensors.items() if k in keep}
+        state = {k: v.detach().cpu().numpy().copy() for k, v in self.current().items() if k in keep}
         for i, opt in enumerate(self.optimizers):
             prefix = _optim_prefix(i)
             sd = opt.state_dict()
@@ -250,6 +280,8 @@ class TorchState:
         return state
 
     def set(self, state: dict[str, np.ndarray], device: torch.device) -> None:
+        """Restore a :meth:`get`: values go into the factory's tensors, put back in their places."""
+        self._unbind()
         with torch.no_grad():
             for k, t in self.tensors.items():
                 if k in state:
@@ -289,6 +321,12 @@ class TorchState:
             prefix = _optim_prefix(i)
             if not any(k.startswith(prefix) and k != prefix + _META for k in initial):
                 getattr(opt, "state", {}).clear()   # load_state_dict keeps slots it is not given
+        for k, (requires_grad, no_grad) in self._flags.items():
+            t = self.tensors[k]
+            if no_grad and t.grad is not None:
+                t.grad = None
+            if t.requires_grad != requires_grad:
+                t.requires_grad_(requires_grad)
         self._clean = self.versions()
 
 
