@@ -106,7 +106,7 @@ def test_program_that_raises_is_an_error_with_traceback_and_the_run_goes_on(modu
     sites = {s["target"]: s for s in summary["sites"]}
     assert sites["ok"]["status"] == "found"
     assert sites["raises"]["status"] == "error"
-    assert "refuses inputs above" in sites["raises"]["error"] and "Traceback" in sites["raises"]["error"]
+    assert "refuses inputs above" in sites["raises"]["error"] and "Traceback" in sites["raises"]["traceback"]
 
 
 MUTATE = '''
