@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fuzz_core.backends.base import INPUT_RANGE
 from fuzz_core.loader import EntryError, entry_file, split_entry
 
 SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -48,6 +49,9 @@ class SearchConfigModel(_Model):
     seed: int = Field(0, ge=0, lt=2**31)
     search_weights: bool = False
     minimise: bool = True
+    input_range: float = Field(INPUT_RANGE, ge=0, le=1000, description=(
+        "inputs without bounds: the sampled data's range grown by this many widths on each side, "
+        "never across zero when the data keeps one sign"))
 
 
 class SchedulerConfig(_Model):

@@ -183,3 +183,25 @@ def test_the_scheduler_hears_which_sites_report_log_space_losses(tmp_path: Path,
     ops = {s["id"]: s["op"] for s in summary_of(outcome)["sites"]}
     assert {ops[i] for i in heard} == {"exp", "div"}, (heard, ops)
     assert all(heard[i] == (ops[i] == "div") for i in heard), (heard, ops)
+
+
+def test_terminal_and_summary_say_what_was_found_and_how_close_the_rest_came(tmp_path: Path, capsys):
+    """Plain terminal lines: ``FOUND <site>: <op> (<phase>) at step N -> <folder>`` per finding, and
+    an exhausted site's line ends with the out-of-reach probe's message, which summary.json keeps."""
+    targets = {"sig": PLANTED["sig"]}
+    path = write_campaign(tmp_path, "reach", targets, actors=0, extra="tracking: {enabled: false}\n")
+    path.write_text(path.read_text().replace("max_steps: 60", "max_steps: 30"))
+    outcome = run_campaign(load_campaign(path), path, RunOptions(progress=True, live=False))
+    err = capsys.readouterr().err
+    summary = check_run(outcome.run_dir)
+    found = [s for s in summary["sites"] if s["status"] == "found"]
+    assert found
+    for s in found:
+        assert f"FOUND {s['label']}: {s['op']} (" in err and s["finding"] in err, err
+    exhausted = [s for s in summary["sites"] if s["status"] == "exhausted"]
+    assert exhausted, "the sigmoid's first log site is out of reach within [-3, 3] at 30 steps"
+    for s in exhausted:
+        assert s["reach"] and s["reach"]["probe_steps"] > 0 and s["reach"]["message"], s
+        line = next(x for x in err.splitlines() if f"{s['label']} exhausted" in x)
+        assert line.endswith(": " + s["reach"]["message"]), line
+    assert all(s["reach"] is None for s in found)

@@ -116,3 +116,30 @@ def test_a_finding_on_values_the_data_never_takes_says_so():
                            res.candidate, res.seconds)
     assert finding.notes and re.match(r"x\[\d+, \d+\] = [\d.]+, sampled data lies in \[0, 15\]", finding.notes[0])
     assert finding.report()["notes"] == finding.notes
+
+
+def test_campaign_input_range_reaches_the_search_and_sites_shows_each_box(tmp_path: Path):
+    """``search.input_range`` in the campaign sets the factor; ``cdeepfuzz sites`` shows the box
+    each search stays in and the data's range it was derived from."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from orchestrator.commands.cli import app
+
+    campaign = tmp_path / "c.yaml"
+    campaign.write_text(f"name: counts\ntargets:\n  - {{name: counts, entry: '{Path(__file__).resolve()}:counts'}}\n"
+                        "search: {input_range: 0.5}\nresources: {num_actors: 0}\ndevice: cpu\n"
+                        "tracking: {enabled: false}\n")
+    got = CliRunner().invoke(app, ["sites", str(campaign), "--json"])
+    assert got.exit_code == 0, got.output
+    rows = [r for r in json.loads(got.stdout) if r["searched"]]
+    assert rows and all(r["inputs"]["x"] == {"box": [0.0, 10.0], "source": "default", "data": [1.0, 7.0]}
+                        for r in rows)                 # counts 1..7, grown by 0.5 x 6 and kept >= 0
+    table = CliRunner().invoke(app, ["sites", str(campaign)])
+    assert "counts: x in [0, 10] (default: sampled data lies in [1, 7])" in table.output
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(campaign.read_text().replace("input_range: 0.5", "input_range: -1"))
+    refused = CliRunner().invoke(app, ["sites", str(bad)])
+    assert refused.exit_code == 2 and "input_range" in refused.output and "-1" in refused.output

@@ -9,6 +9,19 @@ from pathlib import Path
 from orchestrator.config import load_campaign
 
 
+def boxes(runner, site_id: str, seed: int) -> dict[str, dict]:
+    """The box each searched input of a site is searched in, as its search computes it (the
+    target's ``bounds``, else the default that follows the data), with the sampled data's range."""
+    from fuzz_core.search import site_rng
+
+    bounds = runner.bounds(dict(runner.sample(site_rng(seed, site_id))))
+    given = runner.target.bounds
+    ranges = runner.data_ranges()
+    return {name: {"box": [float(lo), float(hi)], "source": "bounds" if name in given else "default",
+                   "data": list(ranges[name]) if name in ranges else None}
+            for name, (lo, hi) in bounds.items() if name in runner.searched}
+
+
 def discover(campaign: Path) -> tuple[list[dict], list[tuple[str, object]]]:
     """(one row per site, (target name, its classified failure) per broken target)."""
     from orchestrator.run.campaign import target_specs, worker_options
@@ -23,8 +36,32 @@ def discover(campaign: Path) -> tuple[list[dict], list[tuple[str, object]]]:
         if isinstance(found, TargetFailure):
             broken.append((spec.name, from_target_failure(found)))
             continue
-        rows += [s.to_dict() for s in found]
+        runner = worker.runner(spec)
+        for site in found:
+            row = site.to_dict()
+            row["inputs"] = boxes(runner, site.id, spec.seed) if row["searched"] else {}
+            rows.append(row)
     return rows, broken
+
+
+def _interval(lo: float, hi: float) -> str:
+    return f"[{lo:.4g}, {hi:.4g}]"
+
+
+def box_lines(rows: list[dict]) -> list[str]:
+    """One line per target and searched input: its box, and the data's range where it was defaulted."""
+    out, seen = [], set()
+    for r in rows:
+        for name, b in r.get("inputs", {}).items():
+            line = f"{r['target']}: {name} in {_interval(*b['box'])}"
+            if b["source"] == "bounds":
+                line += " (the target's bounds)"
+            elif b["data"] is not None:
+                line += f" (default: sampled data lies in {_interval(*b['data'])})"
+            if line not in seen:
+                seen.add(line)
+                out.append(line)
+    return out
 
 
 def print_table(rows: list[dict]) -> None:
@@ -38,4 +75,10 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         table.add_row(r["target"], r["op"], r["kind"], r["hazard"], r["location"], str(r["occurrence"]),
                       r["id"], "yes" if r["searched"] else "no (stable)")
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    lines = box_lines(rows)
+    if lines:
+        console.print("searched inputs (the box each search stays in):")
+        for line in lines:
+            console.print("  " + line, highlight=False, markup=False)

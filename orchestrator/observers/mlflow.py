@@ -36,6 +36,7 @@ RUN_END = {RunState.COMPLETED: "FINISHED", RunState.STOPPED: "KILLED", RunState.
            RunState.RUNNING: "KILLED"}
 SITE_END = {SiteStatus.ERROR: "FAILED", SiteStatus.TIMEOUT: "FAILED", SiteStatus.STOPPED: "KILLED"}
 REFRESH_S = 5.0
+FLUSH_START_S = 10.0   # the runs exist (ids known) before the search starts, unless the server is down
 MAX_TRACEBACK = 7900
 
 
@@ -93,11 +94,13 @@ class MlflowObserver(Observer):
                                                           "exit_reason": rec.exit_reason.value,
                                                           "steps": str(rec.steps)},
                                             SITE_END.get(rec.status, "FINISHED"), run_id=rec.mlflow_run_id)
+            self.tracker.flush(FLUSH_START_S)
             return
         for target, counts in self._target_counts.items():
             self.tracker.start_site(f"target:{target}", f"target {target}",
                                     {"target": target, "site.target": target, "sites": str(sum(counts.values())),
                                      **{f"sites.{s.value}": str(n) for s, n in counts.items() if n}})
+        self.tracker.flush(FLUSH_START_S)
 
     # -- sites ------------------------------------------------------------------------------------
     def quantum(self, rec, result) -> None:
@@ -124,7 +127,8 @@ class MlflowObserver(Observer):
                                     "steps": str(finding.step), "first_op": (finding.first_op or {}).get("kind", ""),
                                     "finding.folder": str(folder), "phase": str(getattr(finding, "phase", "forward")),
                                     "flaky": str(bool(getattr(finding, "flaky", False))).lower(),
-                                    "replays": f"{replays[0]}/{replays[1]}"})
+                                    "replays": f"{replays[0]}/{replays[1]}",
+                                    **({"notes": "; ".join(finding.notes)} if getattr(finding, "notes", ()) else {})})
         self.tracker.note_bug(finding.signature, f"{site.target} {site.op} {site.location}",
                               {"site.target": site.target, "site.op": site.op, "site.location": site.location,
                                "hazard": site.hazard,
@@ -146,6 +150,8 @@ class MlflowObserver(Observer):
         if rec.error:
             tags["error"] = rec.error
             tags["traceback"] = (rec.traceback or "")[-MAX_TRACEBACK:] or None
+        if rec.status.final and rec.reach:
+            tags["reach"] = rec.reach.get("message", "")
         self.tracker.set_tags(rec.site.id, tags)
         if rec.status.final:
             self.tracker.end(rec.site.id, SITE_END.get(rec.status, "FINISHED"))

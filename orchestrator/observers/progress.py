@@ -23,6 +23,23 @@ def _loss(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{x:.4g}"
 
 
+def finding_lines(label: str, finding, folder: str) -> list[str]:
+    """``FOUND <site>: <op> (<phase>) at step N -> <folder>``, the op that went non-finite first
+    when it is not the site's own, a warning for a flaky finding, and each note on the data."""
+    phase = getattr(finding, "phase", "forward")
+    lines = [f"FOUND {label}: {finding.site.op} ({phase}) at step {finding.step} -> {folder}"]
+    first = getattr(finding, "first_op", None) or {}
+    if first and not getattr(finding, "site_triggered", True):
+        where = f" at {first['location']}" if first.get("location") else ""
+        lines.append(f"  the first non-finite value came from {first.get('op', '?')}{where}, not from this site's op")
+    if getattr(finding, "flaky", False):
+        done, runs = finding.replays
+        lines.append(f"  WARNING: flaky: reproduced in {done} of {runs} fresh replays "
+                     "(randomness in the program that the replay could not re-seed)")
+    lines += [f"  note: {n}" for n in getattr(finding, "notes", ())]
+    return lines
+
+
 class LiveView(Observer):
     def __init__(self, campaign: str, max_steps: int, time_limit_s: float, enabled: bool = True,
                  live: bool | None = None, stream=None, started: float | None = None) -> None:
@@ -79,7 +96,13 @@ class LiveView(Observer):
         if self._live is None and rec.status is not SiteStatus.PENDING:
             reason = f" ({rec.exit_reason.value})" if rec.status.final else ""
             self.message(f"[{self.campaign}] {rec.site.label} {rec.status.value}{reason} steps={rec.steps} "
-                         f"best_loss={_loss(rec.best_loss)}" + (f" finding={rec.finding}" if rec.finding else ""))
+                         f"best_loss={_loss(rec.best_loss)}" + (f" finding={rec.finding}" if rec.finding else "")
+                         + (f": {rec.reach['message']}" if rec.status.final and rec.reach else ""))
+
+    def finding(self, rec, finding, folder) -> None:
+        """The finding's own lines, live table or not: what broke and where, and what to check."""
+        for line in finding_lines(rec.site.label, finding, rec.finding or str(folder)):
+            self.message(line)
 
     def known_bug(self, record) -> None:
         state, before = record.get("state"), record.get("state_before")

@@ -32,6 +32,7 @@ class SiteRecord:
     mlflow_run_id: str | None = None
     inflight: dict[str, Any] | None = None   # a quantum dispatched and not reported yet: {"action", "steps"}
     state: Any = None                   # the latest checkpoint itself (arrays, meta), sent with the next task
+    reach: dict[str, Any] | None = None  # not triggered within its bounds: how close it came, how far outside
 
     def to_dict(self) -> dict[str, Any]:
         s = self.site
@@ -41,6 +42,7 @@ class SiteRecord:
             "status": self.status.value, "exit_reason": self.exit_reason.value, "steps": self.steps,
             "seconds": round(self.seconds, 4), "best_loss": finite(self.best_loss), "finding": self.finding,
             "error": self.error, "traceback": self.traceback, "mlflow_run_id": self.mlflow_run_id,
+            "reach": self.reach,
         }
 
 
