@@ -49,6 +49,17 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+def _started(root: Path) -> bool:
+    """summary.json names the campaign's MLflow run and a site that found its bug."""
+    for path in root.glob("outage-*/summary.json"):
+        try:
+            summary = json.loads(path.read_text())
+        except ValueError:
+            return False
+        return bool(summary["run"]["mlflow_run_id"]) and any(s["status"] == "found" for s in summary["sites"])
+    return False
+
+
 def test_tracking_outage_loses_no_metric_and_no_finding(tmp_path: Path):
     from mlflow.tracking import MlflowClient
 
@@ -71,7 +82,10 @@ def test_tracking_outage_loses_no_metric_and_no_finding(tmp_path: Path):
     run = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", str(campaign), "--plain",
                             "--tracking-uri", uri], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        time.sleep(4)                      # let some metrics and the first findings go through
+        deadline = time.monotonic() + 300  # the runs exist and a first finding went through: then the outage
+        while not _started(tmp_path / "runs"):
+            assert run.poll() is None and time.monotonic() < deadline, "the campaign never got going"
+            time.sleep(0.2)
         _stop(server)                      # the server goes away mid-campaign
         time.sleep(6)
         server = _start_server(tmp_path, port)
