@@ -45,7 +45,8 @@ def _softmax_and_xent(logits, y, variant: str):
         p = tf.exp(logits) / tf.reduce_sum(tf.exp(logits), axis=1, keepdims=True)
         return -tf.reduce_sum(y * tf.math.log(p), axis=1)  # GRIST bug ID_11b
     total = tf.reduce_sum(tf.exp(logits), axis=1, keepdims=True)  # GRIST bug ID_11a
-    p = tf.exp(tf.clip_by_value(logits, -87.0, 87.0)) / total  # GRIST bug ID_11c
+    clipped = tf.exp(tf.clip_by_value(logits, -87.0, 87.0))
+    p = clipped / total  # GRIST bug ID_11c
     if variant == "exp":
         return -tf.reduce_sum(y * tf.math.log(tf.clip_by_value(p, 1e-6, 1.0)), axis=1)
     return -tf.reduce_sum(y * tf.math.log(p + 1e-7), axis=1)

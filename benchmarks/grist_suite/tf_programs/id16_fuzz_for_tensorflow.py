@@ -45,7 +45,8 @@ def _softmax_and_xent(logits, y, variant: str):
     if variant == "log":
         p = tf.exp(logits) / tf.reduce_sum(tf.exp(logits), axis=1, keepdims=True)
         return -tf.reduce_sum(y * tf.math.log(tf.abs(p)), axis=1)  # GRIST bug ID_16b
-    p = tf.exp(logits) / tf.reduce_sum(tf.exp(logits), axis=1, keepdims=True)  # GRIST bug ID_16c
+    exps, total = tf.exp(logits), tf.reduce_sum(tf.exp(logits), axis=1, keepdims=True)
+    p = exps / total  # GRIST bug ID_16c
     return -tf.reduce_sum(y * tf.math.log(tf.abs(p) + 1e-6), axis=1)
 
 
