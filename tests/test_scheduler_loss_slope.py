@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from fuzz_core.status import SiteStatus
 from orchestrator.scheduler import Action, LossSlopeScheduler, SiteProgress, make_scheduler
 
 
@@ -117,16 +118,16 @@ def test_plateau_refresh_then_retire_before_the_budget_is_spent():
     while not sched.done:
         for d in sched.allocate(1):
             actions.append(d.action)
-            if d.action is Action.RETIRE_EXHAUSTED:
+            if d.action.retires:
                 continue
             used += d.steps
             _report(sched, d, [0.7] * d.steps, used=used)
     assert actions[0] is Action.GRANT
     assert actions[1:3] == [Action.REFRESH, Action.REFRESH]   # refreshes come first
     assert Action.REFRESH not in actions[3:]
-    assert actions[-1] is Action.RETIRE_EXHAUSTED
+    assert actions[-1] is Action.RETIRE_NO_PROGRESS           # not "exhausted": budget left
     assert 200 <= used < 1000                                  # retired early, budget left
-    assert sched.status_of("flat") == "exhausted"
+    assert sched.status_of("flat") is SiteStatus.RETIRED
 
 
 def test_a_site_that_keeps_improving_is_never_retired_early():
@@ -135,7 +136,8 @@ def test_a_site_that_keeps_improving_is_never_retired_early():
     used, level = 0, 100.0
     while not sched.done:
         for d in sched.allocate(1):
-            if d.action is Action.RETIRE_EXHAUSTED:
+            if d.action.retires:
+                assert d.action is Action.RETIRE_EXHAUSTED
                 continue
             losses = []
             for _ in range(d.steps):
@@ -215,7 +217,7 @@ def _campaign() -> tuple[dict[str, Fake], set[str]]:
     return {k: (sites | bugs)[k] for k in order}, set(bugs)
 
 
-def _until_every_bug(policy: str) -> tuple[int, dict[str, int]]:
+def until_every_bug(policy: str) -> tuple[int, dict[str, int]]:
     sites, bugs = _campaign()
     sched = make_scheduler(policy, 600, 20)
     for name in sites:
@@ -223,7 +225,7 @@ def _until_every_bug(policy: str) -> tuple[int, dict[str, int]]:
     total, used, found = 0, Counter(), {}
     while not sched.done and not bugs <= set(found):
         for d in sched.allocate(1):
-            if d.action in (Action.RETIRE_FOUND, Action.RETIRE_EXHAUSTED):
+            if d.action.retires:
                 continue
             losses, hit = sites[d.site_id].run(d.steps)
             used[d.site_id] += len(losses)
@@ -237,8 +239,8 @@ def _until_every_bug(policy: str) -> tuple[int, dict[str, int]]:
 
 
 def test_many_guarded_sites_loss_slope_finds_every_bug_in_far_fewer_steps():
-    rr, rr_found = _until_every_bug("round-robin")
-    ls, ls_found = _until_every_bug("loss-slope")
+    rr, rr_found = until_every_bug("round-robin")
+    ls, ls_found = until_every_bug("loss-slope")
     assert rr / ls >= 2.5, (rr, ls, rr_found, ls_found)  # measured: 2147 / 732
     # the flat-then-sudden bug is not starved: found before round-robin would find it
     assert ls_found["sudden"] <= rr_found["sudden"], (ls_found, rr_found)

@@ -1,0 +1,233 @@
+"""The parts the ``share`` policy is composed of, each small, pure and tested alone (as
+Optuna wraps pruners): a predictor reads a site's reports, a power schedule turns its
+prediction into a share of the steps, a refresh policy asks for fresh samples on a
+plateau, a patience rule retires a site that stopped improving, and a starvation guard
+bounds how long any live site waits.
+
+Each part is a frozen dataclass of validated options (its configuration) and keeps
+nothing: what it learns about a site lives in that site's record (plain data, so the
+scheduler's state is the records), which the part reads and writes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.scheduling.numeric import (
+    check_fraction, check_int, check_positive, flag, floats, improved, is_plateau, number, predicted_steps,
+    small_fall,
+)
+
+
+# ---------------------------------------------------------------------------------- predictor
+
+@dataclass(eq=False)
+class CurveStats:
+    """What the predictor knows of one site."""
+    trace: list[float] = field(default_factory=list)   # the last `window` losses
+    curve: list[float] = field(default_factory=list)   # best loss so far, after each of them
+    best: float = math.inf
+    first: float = math.nan          # first finite loss
+    pred: float = math.nan           # predicted steps to trigger; nan before any data, inf when not falling
+    log_space: bool = False          # its losses are logs of the margin
+    gained: int = 0                  # steps used when its best loss last improved for real
+    mark: float = math.inf           # its best loss then
+    reports: int = 0                 # reports with losses
+
+
+@dataclass(frozen=True)
+class CurvePredictor:
+    """Predicted steps to trigger: the best loss over the fall per step of the best-loss curve
+    over the last ``window`` losses (monotone, so noise does not read as progress). A fall that
+    removes at most ``plateau_tol`` of the margin counts as none (a loss parked just above a
+    clamp, say 1e-45, is not "almost there"); a report with no new best says the fall has
+    stopped, for now. Log-space losses (logs of the margin, an arbitrary zero) are judged by
+    differences of logs."""
+
+    window: int = 16
+    plateau_tol: float = 0.01
+
+    def __post_init__(self) -> None:
+        check_int("window", self.window, 3)
+        check_fraction("plateau_tol", self.plateau_tol)
+
+    def observe(self, st: CurveStats, losses: Any, best_loss: Any, log_space: Any, used: int) -> bool:
+        """Read one report into ``st``; True when the best loss improved for real: by more than the
+        tolerance since the last such gain (so a slow, steady fall counts, however it is sliced)."""
+        losses = floats(losses)
+        finite = [v for v in losses if math.isfinite(v)]
+        if losses:                 # a report without losses (a resumed site) does not say
+            st.log_space = flag(log_space)
+            st.reports += 1
+        ls, tol = st.log_space, self.plateau_tol
+        if finite and math.isnan(st.first):
+            st.first = finite[0]
+        before = st.best
+        st.best = min([st.best, *(v for v in finite + [number(best_loss)] if math.isfinite(v))])
+        gain = improved(st.mark, st.best, tol, ls)
+        if gain:
+            st.gained, st.mark = used, st.best
+        st.trace = (st.trace + losses)[-self.window:]
+        running, curve = st.curve[-1] if st.curve else math.inf, []
+        for v in finite:
+            running = min(running, v)
+            curve.append(running)
+        st.curve = (st.curve + curve)[-self.window:]
+        if len(st.curve) < 2:
+            st.pred = math.nan
+        elif small_fall(st.curve[0] - st.curve[-1], st.curve[-1], tol, ls):
+            st.pred = math.inf     # no fall beyond the tolerance: no evidence of progress
+        elif finite and not st.best < before:
+            st.pred = math.inf     # no new best in this report: the fall has stopped, for now
+        else:
+            st.pred = predicted_steps(st.best, -(st.curve[0] - st.curve[-1]) / (len(st.curve) - 1))
+        return gain
+
+    def flat(self, st: CurveStats) -> bool:
+        """A full window of losses that fell by at most the tolerance (or rose)."""
+        return len(st.trace) == self.window and is_plateau(st.trace, self.plateau_tol, st.log_space)
+
+    def helped(self, st: CurveStats, before: float) -> bool:
+        """The best loss improved for real since it was ``before``."""
+        return improved(before, st.best, self.plateau_tol, st.log_space)
+
+
+# ---------------------------------------------------------------------------------- power schedule
+
+@dataclass(frozen=True)
+class PowerSchedule:
+    """A site's weight (its share of the steps, relative to the others) from its predicted steps
+    to trigger, in the manner of a fuzzer's power schedule: AFLFast (Böhme, Pham and Roychoudhury,
+    CCS 2016) gives a seed energy by how promising its path is, relative to the others; Entropic
+    (Böhme, Manès and Cha, FSE 2020) by the information it still yields; EcoFuzz (Yue et al.,
+    USENIX Security 2020) by a bandit's estimate of its reward, never writing an arm off.
+
+    The weight of a falling site is ``cap * (ref / pred) ** power``: the closest live falling site
+    (``ref``, its prediction) gets ``cap``, one predicted ``k`` times farther ``cap / k ** power``;
+    times the share of its prediction that its remaining budget covers (``horizon * remaining /
+    pred``, at most 1: a site predicted far past its budget is rarely about to trigger); all within
+    [floor, cap]. A site that is not falling gets ``floor``, never 0; one with no prediction yet
+    gets 1 (optimism under uncertainty, as a bandit's first pulls); one at the edge gets ``cap``."""
+
+    floor: float = 0.25
+    cap: float = 4.0
+    power: float = 1.0
+    horizon: float = 4.0
+
+    def __post_init__(self) -> None:
+        check_fraction("floor", self.floor)
+        check_positive("cap", self.cap)
+        if self.cap < 1:
+            raise ValueError(f"cap must be >= 1, got {self.cap!r}")
+        check_positive("power", self.power)
+        check_positive("horizon", self.horizon)
+
+    def weight(self, pred: float, remaining: int, ref: float = math.nan) -> float:
+        """``pred``: the site's predicted steps to trigger (nan: none yet, inf: not falling);
+        ``remaining``: its budget left; ``ref``: the closest live falling site's prediction
+        (nan: none, the site is weighed as if it were the closest)."""
+        if math.isnan(pred):
+            return 1.0
+        if pred <= 0:
+            return self.cap
+        if not math.isfinite(pred):
+            return self.floor
+        rel = min(1.0, ref / pred) ** self.power if math.isfinite(ref) and ref > 0 else 1.0
+        feasible = min(1.0, self.horizon * max(remaining, 0) / pred)
+        return min(self.cap, max(self.floor, self.cap * rel * feasible))
+
+
+# ---------------------------------------------------------------------------------- refresh
+
+@dataclass(eq=False)
+class RefreshStats:
+    plateau: bool = False            # the next grant refreshes (unless stale)
+    best_at_refresh: float | None = None   # the best loss when the last refresh was granted, until judged
+    fruitless: int = 0               # refreshes in a row that did not lower the best loss
+    stale: bool = False              # refreshed in vain max_refreshes times, and no real gain since
+
+
+@dataclass(frozen=True)
+class PlateauRefresh:
+    """A plateau (a flat window, or the search's own hint) gets a REFRESH; each refresh is
+    judged at the next plateau, and after ``max_refreshes`` fruitless ones in a row the site
+    is stale (no more refreshes) until its best loss improves for real."""
+
+    max_refreshes: int = 2
+
+    def __post_init__(self) -> None:
+        check_int("max_refreshes", self.max_refreshes, 0)
+
+    def observe(self, st: RefreshStats, plateau: bool, gained: bool, helped: bool) -> None:
+        """``plateau``: the predictor's test or the search's hint; ``gained``: a real gain in this
+        report; ``helped``: the best loss improved for real since the last refresh was granted."""
+        if gained:
+            st.fruitless, st.stale = 0, False
+        st.plateau = plateau
+        if st.plateau and st.best_at_refresh is not None:
+            st.fruitless = 0 if helped else st.fruitless + 1
+            st.best_at_refresh = None
+        if st.plateau and st.fruitless >= self.max_refreshes:
+            st.stale = True
+
+    def wants_refresh(self, st: RefreshStats) -> bool:
+        return st.plateau and not st.stale
+
+    def granted(self, st: RefreshStats, refreshed: bool, best: float) -> None:
+        if refreshed:
+            st.plateau, st.best_at_refresh = False, best
+
+
+# ---------------------------------------------------------------------------------- patience
+
+@dataclass(frozen=True)
+class Patience:
+    """Retire a stale site whose best loss has not improved for ``after`` of its steps (None:
+    half the budget), so that its remaining budget goes to the others (RETIRE_NO_PROGRESS)."""
+
+    after: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.after is not None:
+            check_int("after", self.after, 1)
+
+    def steps(self, max_steps: int) -> int:
+        return max(1, max_steps // 2) if self.after is None else self.after
+
+    def gives_up(self, stale: bool, used: int, gained: int, max_steps: int) -> bool:
+        return stale and used - gained >= self.steps(max_steps)
+
+
+# ---------------------------------------------------------------------------------- starvation
+
+@dataclass(frozen=True)
+class StarvationGuard:
+    """A reserve: ``reserve`` of the steps are dealt round-robin among the live sites (the least
+    recently served by the reserve first, a min quantum a turn), the rest by the power schedule.
+    So no live site ever gets less than about ``reserve / live sites`` of the steps, whatever the
+    predictions say: with 0.5, a bug needs at most about twice the campaign steps it needs under
+    round-robin, and no live idle site waits more than :meth:`bound` allocations (after the first
+    pass over the sites). The price: only ``1 - reserve`` of the steps follow the predictions, so
+    a site gets at most ``reserve / live + 1 - reserve`` of them (with 0.5 and 3 live sites, two
+    of them equally promising: each at most 0.42, 1.25 times round-robin's third)."""
+
+    reserve: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_fraction("reserve", self.reserve)
+
+    def lane(self, reserve_steps: int, share_steps: int) -> str:
+        """The lane of the next grant: the reserve while it has had at most its part of the steps."""
+        return "reserve" if reserve_steps * (1 - self.reserve) <= self.reserve * share_steps else "share"
+
+    def bound(self, live: int) -> int:
+        """The most allocations a live idle site waits for a grant, with ``live`` live sites (one
+        slot, every grant at least a min quantum): each of the others' reserve turns, and between two
+        reserve turns at most ``ceil((1 - reserve) / reserve)`` share grants."""
+        return max(0, live) * (1 + math.ceil((1 - self.reserve) / self.reserve - 1e-12))
+
+
+def part_options(part: Any) -> dict[str, Any]:
+    """A part's options as JSON data."""
+    return {k: (v if not isinstance(v, float) or math.isfinite(v) else repr(v)) for k, v in asdict(part).items()}
