@@ -68,7 +68,7 @@ def _run(found_at: dict, unspent: dict, total: int) -> dict:
 
 
 def test_steps_until_found_charges_a_missed_bug_its_campaign_and_unspent_budget():
-    from benchmarks.campaign_bench import steps_until_found
+    from benchmarks.scheduler_benefit import steps_until_found
 
     run = _run({"a": 40, "b": 90}, {"c": 70}, total=500)
     assert steps_until_found(run, ["a", "b"]) == 90
@@ -76,40 +76,88 @@ def test_steps_until_found_charges_a_missed_bug_its_campaign_and_unspent_budget(
     assert steps_until_found(run, []) == 0
 
 
-def test_scheduler_benefit_judges_the_bugs_either_policy_finds(monkeypatch):
-    """A bug both policies miss is left out of the judged figure (it stays in the strict one); a
-    bug only one policy misses is charged to that one."""
-    import benchmarks.campaign_bench as cb
+def _three(rr: tuple, ls: tuple, sh: tuple) -> dict:
+    return {"round-robin": _run(*rr), "loss-slope": _run(*ls), "share": _run(*sh)}
 
-    monkeypatch.setattr(cb, "SCHED_CAMPAIGNS", {"raw units": [("a", "log", 0), ("b", "div", 0), ("c", "exp", 0)]})
-    runs = {
-        # seed 0: both miss c; loss-slope finds a and b three times sooner
-        ("raw units", "grist", "round-robin", 0): _run({"a": 300, "b": 900}, {"c": 50}, total=2000),
-        ("raw units", "grist", "loss-slope", 0): _run({"a": 100, "b": 300}, {"c": 50}, total=1000),
-        # seed 1: loss-slope misses b, which round-robin finds
-        ("raw units", "grist", "round-robin", 1): _run({"a": 300, "b": 600, "c": 900}, {}, total=2000),
-        ("raw units", "grist", "loss-slope", 1): _run({"a": 100, "c": 200}, {"b": 40}, total=1000),
+
+def test_scheduler_benefit_judges_the_bugs_any_policy_finds_and_the_targets(monkeypatch):
+    """A bug no policy finds is left out of the judged figure (it stays in the strict one); a bug
+    only some policies miss is charged to those; the targets are judged on share's sums and seeds."""
+    import benchmarks.scheduler_benefit as sb
+
+    monkeypatch.setattr(sb, "SCHED_CAMPAIGNS", {"raw units": [("a", "log", 0), ("b", "div", 0), ("c", "exp", 0)]})
+    seeds = {
+        # seed 0: every policy misses c; loss-slope finds a and b three times sooner, share six times
+        0: _three(({"a": 300, "b": 900}, {"c": 50}, 2000), ({"a": 100, "b": 300}, {"c": 50}, 1000),
+                  ({"a": 100, "b": 150}, {"c": 50}, 1000)),
+        # seed 16: loss-slope misses b, which the others find; share needs more than twice round-robin's
+        16: _three(({"a": 300, "b": 600, "c": 900}, {}, 2000), ({"a": 100, "c": 200}, {"b": 40}, 1000),
+                   ({"a": 100, "b": 1900, "c": 200}, {}, 2000)),
     }
-    for (kind, _, po, seed), r in list(runs.items()):   # adaptive: the same runs
-        runs[kind, "adaptive", po, seed] = r
-    text = cb._benefit_section("raw units", runs, [0, 1])
-    assert "| grist | 0 | 2/3: 300, 900 | 2/3: 100, 300 | 2 | 900 | 300 | 3.00x |" in text
-    assert "| grist | 1 | 3/3: 300, 600, 900 | 2/3: 100, 200 | 3 | 900 | 1040 | 0.87x |" in text
-    assert "round-robin 1800, loss-slope 1340, **1.34x**" in text and "target >= 3x: NOT met" in text
-    assert "Strict (every planted bug, a missed one charged): 2950 against 2090" in text
-    assert "target never more steps: NOT met" in text
+    runs = {("raw units", st, po, seed): r for seed, by in seeds.items() for po, r in by.items()
+            for st in ("grist", "adaptive")}
+    text = sb.benefit_section("raw units", runs, [0, 16])
+    assert "| grist | 0 | 2 | 2/3, 900 | 2/3, 300, **3.00x** | 2/3, 150, **6.00x** |" in text
+    assert "| grist | 16 | 3 | 3/3, 900 | 2/3, 1040, **0.87x** | 3/3, 1900, **0.47x** |" in text
+    assert "| grist | tuning: 0 | 900 | 300 | **3.00x** |" in text
+    assert "| grist | held out (issue 3): 16 | 900 | 1040 | **0.87x** |" in text
+    assert "| grist | all: 0, 16 | 1800 | 1340 | **1.34x** | 0.87x (seed 16), median 1.93x | 2050 | **0.88x** |" in text
+    assert "target >= 3x: NOT met; no seed below 0.5x: NOT met, seed 16 (0.47x)" in text
+    assert "target >= 2x: NOT met; no seed below 0.5x: NOT met, seed 16 (0.47x)" in text
+    assert "Strict (every planted bug, a missed one charged): round-robin 2950, loss-slope 2090, share 2950" in text
 
 
-def test_scheduler_benefit_names_the_seeds_that_miss_and_sums_the_held_out_ones(monkeypatch):
-    import benchmarks.campaign_bench as cb
+def test_scheduler_benefit_meets_the_targets_when_share_is_good_enough(monkeypatch):
+    import benchmarks.scheduler_benefit as sb
 
-    monkeypatch.setattr(cb, "SCHED_CAMPAIGNS", {"raw units": [("a", "log", 0)]})
+    monkeypatch.setattr(sb, "SCHED_CAMPAIGNS", {"raw units": [("a", "log", 0)]})
     runs = {}
-    for st in ("grist", "adaptive"):
-        for seed, (rr, ls) in {0: (300, 100), 16: (200, 400), 17: (600, 100)}.items():
-            runs["raw units", st, "round-robin", seed] = _run({"a": rr}, {}, total=rr)
-            runs["raw units", st, "loss-slope", seed] = _run({"a": ls}, {}, total=ls)
-    text = cb._benefit_section("raw units", runs, [0, 16, 17])
-    assert "target never more steps: NOT met, seed 16)" in text
-    assert "Seeds 16-17 alone (held out): 800 against 500, 1.60x" in text
-    assert "Seeds" not in cb._benefit_section("raw units", runs, [16, 17])   # all held out: no split
+    for st, (rr, sh) in {"grist": (900, 300), "adaptive": (900, 450)}.items():
+        for seed in (24, 25):
+            for po, n in (("round-robin", rr), ("loss-slope", rr), ("share", sh)):
+                runs["raw units", st, po, seed] = _run({"a": n}, {}, total=n)
+    text = sb.benefit_section("raw units", runs, [24, 25])
+    assert "- grist, share, all 2 seeds: target >= 3x: met; no seed below 0.5x: met" in text
+    assert "- adaptive, share, all 2 seeds: target >= 2x: met; no seed below 0.5x: met" in text
+    assert "new (issue 16): 24-25" in text and "all:" not in text     # one group only
+
+
+@pytest.mark.slow
+def test_search_cache_serves_exactly_what_the_real_search_gives(monkeypatch):
+    """Two campaigns' worth of quanta, sliced differently and refreshed at different steps, served
+    by one cache (the second mostly replayed, partly grown from checkpoints) against a real
+    executor each: every quantum's outcome is the same."""
+    import benchmarks.search_cache as cache_mod
+    from benchmarks.subjects import subject_entry
+    from fuzz_core.engine import TargetSpec
+    from fuzz_core.search import SearchConfig
+    from orchestrator.run.executors import LocalExecutor, Task
+    from orchestrator.worker import WorkerOptions
+
+    monkeypatch.setattr(cache_mod, "CHECKPOINT_EVERY", 8)
+    spec = TargetSpec("sqrt_var_guarded", subject_entry("sqrt_var_guarded"), {}, seed=1, base_dir=str(ROOT))
+    options = WorkerOptions(minimise=False)
+    cache = cache_mod.SearchCache(options)
+    sites = [s for s in cache.discover([spec])["sqrt_var_guarded"] if s.searched][:2]
+    assert len(sites) == 2
+    plans = [[(0, 7, False), (1, 5, False), (0, 13, True), (1, 20, False), (0, 9, False), (1, 4, True),
+              (0, 30, False), (1, 11, True)],
+             [(0, 3, False), (0, 4, False), (1, 25, False), (0, 20, True), (1, 2, True), (0, 30, False),
+              (1, 9, False), (0, 5, True), (1, 3, False)]]
+    counts = []
+    for plan in plans:
+        counts.append((cache.real_steps, cache.served_steps))
+        config = SearchConfig("adaptive", 80, 1)
+        replay, real = cache_mod.ReplayingExecutor(cache), LocalExecutor(options)
+        for i, steps, refresh in plan:
+            outs = []
+            for ex in (replay, real):
+                ex.submit(Task(sites[i], spec, config, steps, refresh=refresh))
+                [(_, out)] = ex.wait(0)
+                r = out.result
+                outs.append((r.steps, r.steps_quantum, r.status, r.best_loss, r.log_space,
+                             [(p.step, p.suspect_loss, p.event, p.triggered) for p in r.trace]))
+            assert outs[0] == outs[1], (i, steps, refresh)
+        real.shutdown()
+    real, served = cache.real_steps - counts[1][0], cache.served_steps - counts[1][1]
+    assert 0 < real < served / 2, (real, served)          # the second campaign mostly replayed
