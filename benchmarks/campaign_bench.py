@@ -131,6 +131,12 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", default=None,
                     help="keep each seed's search cache here between invocations while fuzz_core and the "
                          "targets are unchanged (for tuning; a reported table is run without it)")
+    ap.add_argument("--strategies", nargs="+", choices=["grist", "adaptive"], default=["grist", "adaptive"],
+                    help="search strategies of the scheduler campaigns (default: both)")
+    ap.add_argument("--save-runs", default=None,
+                    help="write every scheduler run to this JSON file as it finishes (to run the benchmark in parts)")
+    ap.add_argument("--merge-runs", nargs="+", default=[],
+                    help="JSON files of earlier parts (--save-runs): reported with this run's, not run again")
     ap.add_argument("--skip-scaling", action="store_true")
     ap.add_argument("--skip-overhead", action="store_true", help="skip the recorder overhead")
     ap.add_argument("--skip-scheduler", action="store_true")
@@ -146,7 +152,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_scheduler:
             body, _ = scheduler_benefit(args.max_steps, args.quantum, Path(tmp), args.seeds, args.jobs,
-                                        args.campaigns, policies, not args.no_cache, args.cache_dir)
+                                        args.campaigns, policies, not args.no_cache, args.cache_dir,
+                                        strategies=args.strategies, save=args.save_runs, merge=args.merge_runs)
             print(body)
             if not args.no_write:
                 write_section("scheduler_benefit", body, script="campaign_bench",

@@ -14,6 +14,7 @@ is unchanged; see that module).
 """
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
@@ -253,18 +254,26 @@ def _any_campaign(kind: str, seed: int, quantum: int, max_steps: int | None) -> 
 
 def scheduler_benefit(max_steps: int | None, quantum: int, tmp: Path, seeds: list[int], jobs: int,
                       kinds: list[str], policies=POLICIES, cache: bool = True, cache_dir: str | None = None,
-                      log=print) -> tuple[str, dict]:
-    """Every (campaign, seed) job, ``jobs`` at a time in fresh processes; the report and the runs."""
+                      log=print, strategies=STRATEGIES, save: str | None = None,
+                      merge: list[str] = ()) -> tuple[str, dict]:
+    """Every (campaign, seed) job, ``jobs`` at a time in fresh processes; the report and the runs.
+    ``save``: a JSON file that gets every run as it finishes (so a long benchmark can be run in
+    parts); ``merge``: such files, whose runs are reported with these (and not run again)."""
     import importlib
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     job = importlib.import_module("benchmarks.scheduler_benefit").seed_job   # picklable when run as a script
-    plan = [(kind, seed) for seed in seeds for kind in kinds]
     runs, real, served = {}, 0, 0
+    for path in merge:
+        data = load_runs(path)
+        runs.update(data["runs"])
+        real, served = real + data["real"], served + data["served"]
+    plan = [(kind, seed) for seed in seeds for kind in kinds
+            if not all((kind, st, po, seed) in runs for st in strategies for po in policies)]
     with ProcessPoolExecutor(max(1, jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {key: pool.submit(job, *key, quantum, str(tmp), max_steps, STRATEGIES, policies, cache, cache_dir)
-                   for key in plan}
+        futures = {key: pool.submit(job, *key, quantum, str(tmp), max_steps, tuple(strategies), policies, cache,
+                                    cache_dir) for key in plan}
         for (kind, seed), future in futures.items():
             out = future.result()
             real, served = real + out["cache"].get("real", 0), served + out["cache"].get("served", 0)
@@ -272,10 +281,30 @@ def scheduler_benefit(max_steps: int | None, quantum: int, tmp: Path, seeds: lis
                 runs[kind, strategy, policy, seed] = r
                 log(f"{kind}, {strategy}, seed {seed}, {policy}: {len(r['found_at'])}/{len(r['bugs'])} bugs, "
                     f"until found {steps_until_found(r, r['found_at'])}, {r['total']} steps, {r['seconds']:.0f} s")
+            if save:
+                save_runs(save, runs, real, served)
+    seeds = sorted({key[3] for key in runs} | set(seeds)) if merge else seeds
     parts = [_intro(quantum, seeds, policies, cache, real, served)]
     for kind in kinds:
         parts.append(benefit_section(kind, runs, seeds, policies))
     return "\n".join(parts), runs
+
+
+def save_runs(path: str, runs: dict, real: int, served: int) -> None:
+    """The runs as JSON (keys: campaign|strategy|policy|seed), with the cache's step counts."""
+    data = {"real": real, "served": served, "runs": {"|".join(map(str, key)): r for key, r in runs.items()}}
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    tmp.replace(path)
+
+
+def load_runs(path: str) -> dict:
+    data = json.loads(Path(path).read_text())
+    runs = {}
+    for key, r in data["runs"].items():
+        kind, strategy, policy, seed = key.split("|")
+        runs[kind, strategy, policy, int(seed)] = r
+    return {"real": data["real"], "served": data["served"], "runs": runs}
 
 
 def _intro(quantum: int, seeds: list[int], policies, cache: bool, real: int, served: int) -> str:
@@ -360,10 +389,19 @@ def judge(kind: str, strategy: str, sums: dict[str, int], per_seed: dict[int, fl
     return floor
 
 
-def benefit_section(kind: str, runs: dict, seeds: list[int], policies=POLICIES) -> str:
+def measured_seeds(kind: str, strategy: str, runs: dict, seeds, policies=POLICIES) -> list[int]:
+    """The seeds of ``seeds`` that every policy ran with ``strategy`` on campaign ``kind``."""
+    return [s for s in sorted(seeds) if all((kind, strategy, po, s) in runs for po in policies)]
+
+
+def benefit_section(kind: str, runs: dict, all_seeds: list[int], policies=POLICIES) -> str:
     rows, notes, summary = [], [], []
     others = [p for p in policies if p != BASELINE]
     for st in STRATEGIES:
+        seeds = measured_seeds(kind, st, runs, all_seeds, policies)
+        if not seeds:
+            notes.append(f"- {st}: not run.")
+            continue
         until: dict[int, dict[str, int]] = {}
         strict = dict.fromkeys(policies, 0)
         for seed in seeds:

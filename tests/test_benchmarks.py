@@ -122,6 +122,27 @@ def test_scheduler_benefit_meets_the_targets_when_share_is_good_enough(monkeypat
     assert "new (issue 16): 24-25" in text and "all:" not in text     # one group only
 
 
+def test_scheduler_benefit_in_parts_reports_each_strategy_on_the_seeds_every_policy_ran(monkeypatch, tmp_path):
+    """Runs saved by one part and merged into another come back exactly; a strategy is judged only on
+    the seeds that every policy ran with it, and one that no part ran says so."""
+    import benchmarks.scheduler_benefit as sb
+
+    monkeypatch.setattr(sb, "SCHED_CAMPAIGNS", {"raw units": [("a", "log", 0)]})
+    runs = {("raw units", "adaptive", po, seed): _run({"a": n}, {}, total=n)
+            for seed in (16, 24) for po, n in (("round-robin", 900), ("loss-slope", 600), ("share", 300))}
+    runs["raw units", "grist", "round-robin", 24] = _run({"a": 900}, {}, total=900)   # share never ran it
+    path = tmp_path / "part.json"
+    sb.save_runs(str(path), runs, real=10, served=20)
+    back = sb.load_runs(str(path))
+    assert back == {"real": 10, "served": 20, "runs": runs}
+    assert sb.measured_seeds("raw units", "adaptive", runs, [24, 16, 3]) == [16, 24]
+    assert sb.measured_seeds("raw units", "grist", runs, [16, 24]) == []
+    text = sb.benefit_section("raw units", runs, [16, 24])
+    assert "- grist: not run." in text
+    assert "- adaptive, share, all 2 seeds: target >= 2x: met; no seed below 0.5x: met" in text
+    assert "| adaptive | 24 | 1 | 1/1, 900 |" in text and "| grist |" not in text
+
+
 @pytest.mark.slow
 def test_search_cache_serves_exactly_what_the_real_search_gives(monkeypatch):
     """Two campaigns' worth of quanta, sliced differently and refreshed at different steps, served
