@@ -112,6 +112,12 @@ def recorder_overhead(repeats: int = 30) -> str:
             + table(["subject", "plain ms", "recorded ms", "ratio"], rows) + "\n")
 
 
+def _args_text(argv) -> str:
+    """The command line as written into RESULTS.md: files by their names only (no path of this machine)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    return " ".join(Path(a).name if os.path.isabs(a) else (f'"{a}"' if " " in a else a) for a in args)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-steps", type=int, default=None,
@@ -137,6 +143,8 @@ def main(argv=None) -> int:
                     help="write every scheduler run to this JSON file as it finishes (to run the benchmark in parts)")
     ap.add_argument("--merge-runs", nargs="+", default=[],
                     help="JSON files of earlier parts (--save-runs): reported with this run's, not run again")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run no scheduler campaign: report the runs of --merge-runs")
     ap.add_argument("--skip-scaling", action="store_true")
     ap.add_argument("--skip-overhead", action="store_true", help="skip the recorder overhead")
     ap.add_argument("--skip-scheduler", action="store_true")
@@ -153,11 +161,11 @@ def main(argv=None) -> int:
         if not args.skip_scheduler:
             body, _ = scheduler_benefit(args.max_steps, args.quantum, Path(tmp), args.seeds, args.jobs,
                                         args.campaigns, policies, not args.no_cache, args.cache_dir,
-                                        strategies=args.strategies, save=args.save_runs, merge=args.merge_runs)
+                                        strategies=args.strategies, save=args.save_runs, merge=args.merge_runs,
+                                        report_only=args.report_only)
             print(body)
             if not args.no_write:
-                write_section("scheduler_benefit", body, script="campaign_bench",
-                              args="--skip-scaling --skip-overhead")
+                write_section("scheduler_benefit", body, script="campaign_bench", args=_args_text(argv))
         if not args.skip_scaling:
             parts.append(scaling(args.scaling_steps, args.scaling_quantum, Path(tmp)))
     if not args.skip_overhead:

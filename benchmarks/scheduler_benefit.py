@@ -255,10 +255,11 @@ def _any_campaign(kind: str, seed: int, quantum: int, max_steps: int | None) -> 
 def scheduler_benefit(max_steps: int | None, quantum: int, tmp: Path, seeds: list[int], jobs: int,
                       kinds: list[str], policies=POLICIES, cache: bool = True, cache_dir: str | None = None,
                       log=print, strategies=STRATEGIES, save: str | None = None,
-                      merge: list[str] = ()) -> tuple[str, dict]:
+                      merge: list[str] = (), report_only: bool = False) -> tuple[str, dict]:
     """Every (campaign, seed) job, ``jobs`` at a time in fresh processes; the report and the runs.
     ``save``: a JSON file that gets every run as it finishes (so a long benchmark can be run in
-    parts); ``merge``: such files, whose runs are reported with these (and not run again)."""
+    parts); ``merge``: such files, whose runs are reported with these (and not run again);
+    ``report_only``: run nothing, report the merged runs."""
     import importlib
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -270,7 +271,7 @@ def scheduler_benefit(max_steps: int | None, quantum: int, tmp: Path, seeds: lis
         runs.update(data["runs"])
         real, served = real + data["real"], served + data["served"]
     plan = [(kind, seed) for seed in seeds for kind in kinds
-            if not all((kind, st, po, seed) in runs for st in strategies for po in policies)]
+            if not report_only and not all((kind, st, po, seed) in runs for st in strategies for po in policies)]
     with ProcessPoolExecutor(max(1, jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {key: pool.submit(job, *key, quantum, str(tmp), max_steps, tuple(strategies), policies, cache,
                                     cache_dir) for key in plan}
