@@ -170,7 +170,6 @@ def test_killed_driver_resumes_with_the_same_findings(tmp_path: Path):
     proc.wait()
     before = json.loads((run_dir / "summary.json").read_text())
     assert before["run"]["state"] == "running"
-
     resumed = subprocess.run(cli + ["--resume", str(run_dir)], env=env, capture_output=True, text=True,
                              timeout=600)
     assert resumed.returncode == 1, resumed.stderr
@@ -178,7 +177,19 @@ def test_killed_driver_resumes_with_the_same_findings(tmp_path: Path):
     assert after["run"]["resumed"] is True and after["run"]["state"] == "completed"
     assert {f for f, _ in _findings(after)} == {f for f, _ in _findings(ref_summary)}
     assert len(list(run_dir.glob("findings/*/finding.json"))) == len(_findings(after))   # none duplicated
-    assert after["run"]["mlflow_run_id"] == before["run"]["mlflow_run_id"]
+    # the same MLflow run continued, even when the killed driver had not kept its id yet
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(after["run"]["tracking_uri"])
+    parents = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                             f"tags.`run.folder` = '{run_dir.name}'")
+               if "mlflow.parentRunId" not in r.data.tags]
+    assert [r.info.run_id for r in parents] == [after["run"]["mlflow_run_id"]]
+    assert before["run"]["mlflow_run_id"] in (None, after["run"]["mlflow_run_id"])
+    children = client.search_runs([parents[0].info.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'", max_results=1000)
+    per_site = [r.data.tags.get("site.id") for r in children if r.data.tags.get("site.id")]
+    assert len(per_site) == len(set(per_site)) == len(after["sites"]), "one child run per site, none doubled"
     assert all(s["status"] in ("found", "exhausted") for s in after["sites"])
 
 

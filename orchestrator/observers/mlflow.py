@@ -66,7 +66,7 @@ class MlflowObserver(Observer):
         self.tracker.start_campaign(CAMPAIGN, self.run_dir.name, params(self.campaign),
                                     {"campaign": self.campaign.name, "run.folder": self.run_dir.name,
                                      "state": RunState.RUNNING.value, "exit_reason": "none"},
-                                    run_id=run.mlflow_run_id)
+                                    run_id=run.mlflow_run_id, adopt_folder=self.run_dir.name if resumed else None)
 
     def target_added(self, target) -> None:
         if target.status is not SiteStatus.ERROR or self.resumed:
@@ -95,12 +95,14 @@ class MlflowObserver(Observer):
                                                           "steps": str(rec.steps)},
                                             SITE_END.get(rec.status, "FINISHED"), run_id=rec.mlflow_run_id)
             self.tracker.flush(FLUSH_START_S)
+            self.refresh_ids()
             return
         for target, counts in self._target_counts.items():
             self.tracker.start_site(f"target:{target}", f"target {target}",
                                     {"target": target, "site.target": target, "sites": str(sum(counts.values())),
                                      **{f"sites.{s.value}": str(n) for s, n in counts.items() if n}})
         self.tracker.flush(FLUSH_START_S)
+        self.refresh_ids()
 
     # -- sites ------------------------------------------------------------------------------------
     def quantum(self, rec, result) -> None:

@@ -189,11 +189,15 @@ class Tracker:
         params: Mapping[str, Any],
         tags: Mapping[str, Any],
         run_id: str | None = None,
+        adopt_folder: str | None = None,
     ) -> None:
-        """Start the parent run (or reopen ``run_id`` to resume) with flattened params."""
+        """Start the parent run (or reopen ``run_id`` to resume) with flattened params. Resuming
+        without a run id (the driver was killed before it kept one), ``adopt_folder`` names the run
+        folder whose parent run an earlier session created: it is reopened, not duplicated."""
         self._campaign_key = key
         params, tags = flatten_params(params), _str_tags(tags)
-        self._put("start_campaign", key, run_name=run_name, params=params, tags=tags, resume_run_id=run_id)
+        self._put("start_campaign", key, run_name=run_name, params=params, tags=tags, resume_run_id=run_id,
+                  adopt_folder=adopt_folder)
         self._open[key] = None
 
     @_never_raise

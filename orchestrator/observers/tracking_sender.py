@@ -218,7 +218,7 @@ class _Sender:
         return run.info.run_id
 
     def _do_start_campaign(self, rec: Record, args: Record) -> None:
-        rid = self._run_id_of(rec) or args.get("resume_run_id")
+        rid = self._run_id_of(rec) or args.get("resume_run_id") or self._adopt_campaign(rec, args.get("adopt_folder"))
         existing = self._resume(rid) if rid else None
         if rid is None or existing is None:
             rid, existing = self._create(rec, args["tags"]), {}
@@ -230,6 +230,16 @@ class _Sender:
         if changed:
             log.warning("tracking: run %s keeps its old values of params %s", rid, changed)
         self._log_batch(rid, params={k: v for k, v in params.items() if k not in existing})
+
+    def _adopt_campaign(self, rec: Record, folder: str | None) -> str | None:
+        """The parent run an earlier session of this run folder created, if any (oldest first)."""
+        if not folder or "'" in folder:
+            return None
+        runs = self.client.search_runs([self._experiment_id(rec["experiment"])],
+                                       f"tags.`run.folder` = '{folder}'",
+                                       order_by=["attributes.start_time ASC"], max_results=5)
+        runs = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+        return runs[0].info.run_id if runs else None
 
     def _adopt(self, rec: Record, site_id: str) -> str | None:
         """The child run of this site that an earlier session of the same campaign run created (a driver

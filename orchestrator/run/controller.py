@@ -234,6 +234,7 @@ class Controller:
                 self.store.put_target(rec, index)
                 self._events.append(lambda rec=rec: self.observers.target_added(rec))
         self.observers.sites_ready(list(self.sites.values()))
+        self._persist_learned(force=True)      # the MLflow run ids, known by now: a resume reopens the same runs
 
     def _add_site(self, rec: SiteRecord) -> None:
         self._order[rec.site.id] = len(self._order)
@@ -265,6 +266,7 @@ class Controller:
         self._reported = not self._resubmit     # killed after a report: its allocation is still to come
         self._dispatches = max([r.inflight.get("seq", 0) for r in self._resubmit] + [0])
         self.observers.sites_ready(list(self.sites.values()))
+        self._persist_learned(force=True)      # the MLflow run ids, known by now: a resume reopens the same runs
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, started: float | None = None) -> None:
