@@ -342,9 +342,14 @@ def _intro(quantum: int, seeds: list[int], policies, cache: bool, real: int, ser
 
 
 def _span(seeds) -> str:
-    seeds = sorted(seeds)
-    return f"{seeds[0]}-{seeds[-1]}" if seeds[-1] - seeds[0] == len(seeds) - 1 and len(seeds) > 1 else \
-        ", ".join(map(str, seeds))
+    """Seeds as runs: "0-15, 17, 20-23"."""
+    seeds, out = sorted(seeds), []
+    for s in seeds:
+        if out and s == out[-1][1] + 1:
+            out[-1][1] = s
+        else:
+            out.append([s, s])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in out)
 
 
 _KIND_TEXT = {
@@ -403,6 +408,11 @@ def benefit_section(kind: str, runs: dict, all_seeds: list[int], policies=POLICI
         if not seeds:
             notes.append(f"- {st}: not run.")
             continue
+        missing = sorted(set(all_seeds) - set(seeds))
+        if missing:
+            notes.append(f"- {st}: **measured on {len(seeds)} of the {len(set(all_seeds))} seeds** ({_span(seeds)}); "
+                         f"not run with every policy: {_span(missing)}. The targets below are judged on the "
+                         f"measured seeds only.")
         until: dict[int, dict[str, int]] = {}
         strict = dict.fromkeys(policies, 0)
         for seed in seeds:
