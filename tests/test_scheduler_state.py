@@ -33,7 +33,7 @@ def _twin(sched, policy: str, max_steps: int, quantum: int):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(data=st.data(), n_sites=st.integers(1, 6), max_steps=st.integers(1, 200), quantum=st.integers(1, 40),
        cut=st.integers(0, 60))
 def test_a_restored_scheduler_decides_exactly_as_the_uninterrupted_one(policy, data, n_sites, max_steps,
