@@ -9,6 +9,7 @@ kept in the output folder that all campaign runs share::
         reproducer/            # a copy of the smallest finding folder seen so far
             finding.json       #   (replay points at this folder)
             values.safetensors
+            test_reproducer.py #   the finding as a pytest regression test
             source.json        #   which occurrence it is, and its size
 
 The signature (target, op kind, user location, hazard; see :func:`fuzz_core.findings.signature`)
@@ -40,6 +41,7 @@ from typing import Any, Iterator
 
 from fuzz_core.findings import REPORT, VALUES, signature
 from fuzz_core.io import atomic_write_json, read_json
+from fuzz_core.reproducer import TEST_FILE
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +193,8 @@ class BugDatabase:
         tmp.mkdir()
         try:
             shutil.copyfile(source / VALUES, tmp / VALUES)
+            if (source / TEST_FILE).is_file():     # at the same depth below the output: its root path holds
+                shutil.copyfile(source / TEST_FILE, tmp / TEST_FILE)
             copy = dict(report)
             copy["replay"] = f"cdeepfuzz replay {(folder / REPRODUCER).as_posix()}"
             atomic_write_json(tmp / SOURCE, asdict(occ))

@@ -8,6 +8,9 @@ A finding folder holds two files with fixed names:
 * ``values.safetensors``: the external values: ``input.<name>`` for every input
   of the batch and, when the weights differ from the factory's (searched or
   trained), ``state.<key>`` for the model and optimizer state.
+* ``test_reproducer.py``: the finding as a pytest regression test (see
+  :mod:`fuzz_core.reproducer`): it fails while the bug is there and passes once
+  the program is fixed.
 """
 from __future__ import annotations
 
@@ -134,12 +137,18 @@ def value_arrays(inputs: dict[str, Any], state: dict[str, Any] | None) -> dict[s
     return arrays
 
 
-def write_finding(finding: Finding, folder: Path, display: Path | None = None) -> Path:
-    """Write the folder atomically: values first, then the report that marks it complete."""
+def write_finding(finding: Finding, folder: Path, display: Path | None = None, root: Path | None = None) -> Path:
+    """Write the folder atomically: values and the pytest reproducer first, then the report that
+    marks it complete. ``root``: the folder the target's entry is relative to (default: the current
+    directory, where a campaign resolves its entries)."""
+    from fuzz_core.reproducer import write_reproducer
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    report = finding.report(display or folder)
     atomic_save_arrays(folder / VALUES, finding.arrays(), metadata={"signature": finding.signature})
-    atomic_write_json(folder / REPORT, finding.report(display or folder))
+    write_reproducer(folder, report, root)
+    atomic_write_json(folder / REPORT, report)
     return folder
 
 

@@ -70,6 +70,7 @@ def test_local_campaign_writes_summary_findings_and_replays(tmp_path: Path):
         if site["status"] == "found":
             folder = outcome.run_dir / site["finding"]
             assert (folder / "finding.json").is_file() and (folder / "values.safetensors").is_file()
+            assert (folder / "test_reproducer.py").is_file()
             report = json.loads((folder / "finding.json").read_text())
             assert report["site"]["id"] == site["id"] and report["first_op"]["kind"] == site["kind"]
             assert report["minimised"]["batch_size"] == 1

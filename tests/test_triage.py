@@ -122,6 +122,7 @@ def test_same_signature_is_one_bug_and_a_smaller_reproducer_replaces_the_stored_
     report = json.loads((repro / "finding.json").read_text())
     assert report["minimised"]["distance"]["l2"] == 0.5 and report["replay"].endswith("reproducer")
     assert (repro / "values.safetensors").read_bytes() == (closer / "values.safetensors").read_bytes()
+    assert (repro / "test_reproducer.py").read_text() == (closer / "test_reproducer.py").read_text()   # same depth
     other = _finding(tmp_path, "c-4", 4, rows=2, l2=None, location="m.py:9")          # another bug
     assert record_finding(tmp_path, other).new_bug
     assert len(db.signatures()) == 2
