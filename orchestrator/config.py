@@ -55,7 +55,9 @@ class SearchConfigModel(_Model):
 
 
 class SchedulerConfig(_Model):
-    policy: Literal["loss-slope", "round-robin"] = "loss-slope"
+    policy: Literal["share", "loss-slope", "round-robin"] = Field("share", description=(
+        "share (proportional shares by predicted steps to trigger) | loss-slope (the previous default) | "
+        "round-robin (the baseline)"))
     quantum: int = Field(20, ge=1, le=1_000_000)
     horizon: float | None = Field(None, gt=0, description=(
         "loss-slope only: a site is on course while its predicted steps to trigger are within "

@@ -163,12 +163,13 @@ def test_resume_of_a_folder_without_a_readable_state_is_a_one_line_error(tmp_pat
 
 
 @pytest.mark.parametrize("scheduler, strategy, options", [
-    ("{}", "adaptive", {"horizon": 1.0}),          # adaptive: a site too slow for its budget is off course
-    ("{}", "grist", {"horizon": None}),            # grist, random: no horizon
-    ("{}", "random", {"horizon": None}),
-    ("{horizon: 3}", "grist", {"horizon": 3.0}),   # the campaign's own wins
-    ("{horizon: 2.5}", "adaptive", {"horizon": 2.5}),
+    ("{policy: loss-slope}", "adaptive", {"horizon": 1.0}),   # adaptive: a site too slow for its budget is off course
+    ("{policy: loss-slope}", "grist", {"horizon": None}),     # grist, random: no horizon
+    ("{policy: loss-slope}", "random", {"horizon": None}),
+    ("{policy: loss-slope, horizon: 3}", "grist", {"horizon": 3.0}),   # the campaign's own wins
+    ("{policy: loss-slope, horizon: 2.5}", "adaptive", {"horizon": 2.5}),
     ("{policy: round-robin}", "adaptive", {}),     # round-robin takes no options
+    ("{}", "adaptive", {}),                        # the default, share, takes none from the campaign
 ])
 def test_scheduler_options_follow_the_campaign_and_its_strategy(tmp_path: Path, scheduler, strategy, options):
     from orchestrator.run.controller import scheduler_options
