@@ -115,6 +115,9 @@ def recorder_overhead(repeats: int = 30) -> str:
 def _args_text(argv) -> str:
     """The command line as written into RESULTS.md: files by their names only (no path of this machine)."""
     args = sys.argv[1:] if argv is None else list(argv)
+    if "--note" in args:        # the note is in the section itself
+        i = args.index("--note")
+        args = args[:i] + args[i + 2:]
     return " ".join(Path(a).name if os.path.isabs(a) else (f'"{a}"' if " " in a else a) for a in args)
 
 
@@ -143,6 +146,7 @@ def main(argv=None) -> int:
                     help="write every scheduler run to this JSON file as it finishes (to run the benchmark in parts)")
     ap.add_argument("--merge-runs", nargs="+", default=[],
                     help="JSON files of earlier parts (--save-runs): reported with this run's, not run again")
+    ap.add_argument("--note", default="", help="a paragraph added to the scheduler section (how it was run)")
     ap.add_argument("--report-only", action="store_true",
                     help="run no scheduler campaign: report the runs of --merge-runs")
     ap.add_argument("--skip-scaling", action="store_true")
@@ -163,6 +167,8 @@ def main(argv=None) -> int:
                                         args.campaigns, policies, not args.no_cache, args.cache_dir,
                                         strategies=args.strategies, save=args.save_runs, merge=args.merge_runs,
                                         report_only=args.report_only)
+            if args.note:
+                body = body.replace("\n\n", f"\n\n{args.note.strip()}\n\n", 1)
             print(body)
             if not args.no_write:
                 write_section("scheduler_benefit", body, script="campaign_bench", args=_args_text(argv))
