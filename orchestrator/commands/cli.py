@@ -65,6 +65,13 @@ def run(
     ok_on_findings: bool = typer.Option(False, "--ok-on-findings",
                                         help="exit 0, not 1, when the campaign completed with findings "
                                              "(for job schedulers that call any non-zero exit a failure)"),
+    junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", metavar="PATH",
+                                             help="also write the run as JUnit XML: one test case per op site "
+                                                  "(failure: a finding; error: a target or site error; skipped: "
+                                                  "not searched)"),
+    sarif: Optional[Path] = typer.Option(None, "--sarif", metavar="PATH",
+                                         help="also write the findings as SARIF 2.1.0 (one result per finding at "
+                                              "the user's file:line), for code scanning"),
 ) -> None:
     """Run a campaign: discover every suspect op site and search them.
 
@@ -76,7 +83,7 @@ def run(
 
     try:
         code = run_command(RunArgs(campaign, resume, tracking_uri, address, cluster, project_dir, local, output,
-                                   quiet, plain, not no_metrics, ok_on_findings))
+                                   quiet, plain, not no_metrics, ok_on_findings, junit_xml=junit_xml, sarif=sarif))
     except ConfigError as exc:
         _fail(str(exc))
     raise typer.Exit(code)

@@ -69,6 +69,8 @@ class RunArgs:
     plain: bool = False
     metrics: bool = True
     ok_on_findings: bool = False
+    junit_xml: Path | None = None     # write the run as JUnit XML here (one test case per site)
+    sarif: Path | None = None         # write the findings as SARIF 2.1.0 here (one result per finding)
 
 
 def run(args: RunArgs) -> int:
@@ -77,6 +79,7 @@ def run(args: RunArgs) -> int:
 
     if args.campaign is None and args.resume is None:
         raise ConfigError("give a campaign file, or --resume RUN_FOLDER")
+    reports = _report_paths(args)     # absolute before a cluster run moves to its project folder
     address = args.address or ("auto" if args.cluster else None) or os.environ.get("RAY_ADDRESS")
     output = args.output
     campaign_path = args.campaign
@@ -101,7 +104,42 @@ def run(args: RunArgs) -> int:
         tracking_uri=args.tracking_uri, address=address, local=args.local, progress=not args.quiet,
         live=False if args.plain else None, output=output, resume=str(args.resume) if args.resume else None,
         metrics=args.metrics))
+    _write_reports(outcome, reports, quiet=args.quiet)
     return EXIT_OK if args.ok_on_findings and outcome.exit_code == EXIT_FINDINGS else outcome.exit_code
+
+
+def _report_paths(args: RunArgs) -> dict[str, Path]:
+    """``--junit-xml`` and ``--sarif``, absolute; their folders must exist (a usage error found before the run)."""
+    paths = {}
+    for kind, given in (("JUnit XML", args.junit_xml), ("SARIF", args.sarif)):
+        if given is None:
+            continue
+        path = Path(given).expanduser().absolute()
+        if not path.parent.is_dir():
+            raise ConfigError(f"{given}: no such folder for the {kind} file")
+        if path.is_dir():
+            raise ConfigError(f"{given}: is a folder; give a file name for the {kind} file")
+        paths[kind] = path
+    return paths
+
+
+def _write_reports(outcome, reports: dict[str, Path], quiet: bool = False) -> None:
+    """The run's JUnit XML and SARIF, from its folder (also after a stop: what was searched so far)."""
+    import sys
+
+    from orchestrator.export import write_junit_xml, write_sarif
+
+    if not reports or outcome.run_dir is None or outcome.summary is None:
+        return
+    writers = {"JUnit XML": write_junit_xml, "SARIF": write_sarif}
+    for kind, path in reports.items():
+        try:
+            writers[kind](outcome.run_dir, path)
+        except (OSError, ValueError) as exc:    # the run stands (its exit code too); the report is missing
+            print(f"cdeepfuzz: warning: could not write the {kind} file {path}: {exc}", file=sys.stderr, flush=True)
+            continue
+        if not quiet:
+            print(f"cdeepfuzz: {kind}: {path}", file=sys.stderr, flush=True)   # beside the closing lines
 
 
 def _join(address: str) -> None:
