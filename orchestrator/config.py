@@ -152,12 +152,14 @@ def load_campaign(path: str | Path, check_entries: bool = True) -> Campaign:
     campaign = parse_campaign(data, path)
     if check_entries:
         for i, target in enumerate(campaign.targets):
-            check_entry(path, i, target.entry, target.args)
+            check_entry(path, i, target.entry, target.args, target=target.name)
     return campaign
 
 
-def check_entry(path: Path, index: int, entry: str, args: dict[str, Any] | None = None) -> None:
-    """The file exists and defines the factory (read with ast: nothing is imported or run)."""
+def check_entry(path: Path, index: int, entry: str, args: dict[str, Any] | None = None,
+                target: str | None = None) -> None:
+    """The file exists and defines the factory (read with ast: nothing is imported or run); a factory
+    defined there takes every argument of ``args`` (its signature, unless it takes ``**kwargs``)."""
     field = f"targets[{index}].entry"
     module, attr = split_entry(entry)
     try:
@@ -182,21 +184,22 @@ def check_entry(path: Path, index: int, entry: str, args: dict[str, Any] | None 
         raise ConfigError(f"{path}: {field}: {module} defines no {attr!r} (got {entry!r})")
     factory = defs.get(attr)
     if isinstance(factory, (ast.FunctionDef, ast.AsyncFunctionDef)) and args is not None:
-        check_args(path, index, attr, factory, args)
+        check_args(path, index, attr, factory, args, target=target)
 
 
 def check_args(path: Path, index: int, attr: str, factory: ast.FunctionDef | ast.AsyncFunctionDef,
-               args: dict[str, Any]) -> None:
+               args: dict[str, Any], target: str | None = None) -> None:
     """The factory's own signature takes ``seed`` and every name of ``args`` (unless it takes ``**kwargs``)."""
     a = factory.args
     if a.kwarg is not None:
         return
     takes = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+    of = f" of target {target!r}" if target else ""
     for name in ["seed", *args]:
         if name not in takes:
             field = f"targets[{index}].args.{name}" if name != "seed" else f"targets[{index}].entry"
-            problem = (f"{attr}() takes no argument {name!r}" if name != "seed"
-                       else f"{attr}() must take a seed= argument (the campaign seed)")
+            problem = (f"{attr}(){of} takes no argument {name!r}" if name != "seed"
+                       else f"{attr}(){of} must take a seed= argument (the campaign seed)")
             raise ConfigError(f"{path}: {field}: {problem} (it takes {', '.join(takes) or 'none'})")
 
 

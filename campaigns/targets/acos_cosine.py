@@ -74,7 +74,7 @@ def make_trips(n: int, seed: int):
     return lat[keep], lon[keep], hours.astype(np.float32)
 
 
-def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 300, **_) -> Target:
+def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 300) -> Target:
     torch.manual_seed(seed)
     lat_all, lon_all, hours_all = make_trips(4096, seed)
     model = DurationModel()

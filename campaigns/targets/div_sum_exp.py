@@ -69,7 +69,7 @@ def make_data(n: int, seed: int):
     return x, y
 
 
-def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 200, **_) -> Target:
+def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 200) -> Target:
     torch.manual_seed(seed)
     x_all, y_all = make_data(2048, seed)
     model = BagClassifier()

@@ -52,7 +52,7 @@ def make_data(n: int, seed: int):
     return x, np.eye(N_CLASSES, dtype=np.float32)[y]
 
 
-def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 400, lr: float = 1e-3, **_) -> Target:
+def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 400, lr: float = 1e-3) -> Target:
     torch.manual_seed(seed)
     x_all, y_all = make_data(4096, seed)
     model = MLP()

@@ -77,7 +77,7 @@ def make_data(n: int, seed: int):
 
 
 def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 300, lr_g: float = 2e-4,
-                lr_d: float = 2e-3, finetune_lr_g: float = 1e-4, finetune_lr_d: float = 1e-5, **_) -> Target:
+                lr_d: float = 2e-3, finetune_lr_g: float = 1e-4, finetune_lr_d: float = 1e-5) -> Target:
     torch.manual_seed(seed)
     x_all = make_data(4096, seed)
     gan = GAN()

@@ -49,7 +49,7 @@ def make_corpus(seed: int):
     return transition, table
 
 
-def make_target(seed: int = 0, batch: int = 8, lr: float = 1e-3, **_) -> Target:
+def make_target(seed: int = 0, batch: int = 8, lr: float = 1e-3) -> Target:
     torch.manual_seed(seed)
     transition, table = make_corpus(seed)
     model = CausalLM()

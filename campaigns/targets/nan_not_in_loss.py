@@ -49,7 +49,7 @@ def load_data():
     return (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int64)
 
 
-def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 400, lr: float = 1e-3, **_) -> Target:
+def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 400, lr: float = 1e-3) -> Target:
     torch.manual_seed(seed)
     x_all, y_all = load_data()
     model = Classifier()

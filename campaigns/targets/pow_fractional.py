@@ -50,7 +50,7 @@ def make_data(n: int, seed: int):
     return x, y
 
 
-def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 300, lr: float = 1e-4, **_) -> Target:
+def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 300, lr: float = 1e-4) -> Target:
     torch.manual_seed(seed)
     x_all, y_all = make_data(4096, seed)
     model = ClaimNet(float(y_all.mean()))

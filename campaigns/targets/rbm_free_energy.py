@@ -44,7 +44,7 @@ class RBM(nn.Module):
         return self.free_energy(v)
 
 
-def make_target(seed: int = 0, batch: int = 8, **_) -> Target:
+def make_target(seed: int = 0, batch: int = 8) -> Target:
     torch.manual_seed(seed)
     model = RBM()
 

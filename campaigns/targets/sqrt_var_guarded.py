@@ -50,7 +50,7 @@ def load_data():
     return (load_digits().data / 16.0).astype(np.float32)
 
 
-def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 120, lr: float = 1e-4, **_) -> Target:
+def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 120, lr: float = 1e-4) -> Target:
     torch.manual_seed(seed)
     x_all = load_data()
     model = VAE()

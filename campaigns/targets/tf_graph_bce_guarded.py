@@ -43,7 +43,7 @@ def bce(z, y):
     return -tf.reduce_mean(y * tf.math.log_sigmoid(z) + (1.0 - y) * tf.math.log_sigmoid(-z))
 
 
-def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 300, lr: float = 1e-3, **_) -> GraphTarget:
+def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 300, lr: float = 1e-3) -> GraphTarget:
     x_all, y_all = make_data(4096, seed)
     graph = tf.Graph()
     with graph.as_default():

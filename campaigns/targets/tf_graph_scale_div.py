@@ -53,7 +53,7 @@ def nll(y, mu, scale):
     return tf.reduce_mean(0.5 * tf.square(z) + tf.math.log(scale))
 
 
-def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 400, lr: float = 1e-4, **_) -> GraphTarget:
+def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 400, lr: float = 1e-4) -> GraphTarget:
     x_all, y_all = make_data(4096, seed)
     graph = tf.Graph()
     with graph.as_default():

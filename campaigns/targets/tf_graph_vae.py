@@ -56,7 +56,7 @@ def decoder(z, seed: int):
     return dense(dense(z, 32, "dec1", seed + 4, relu=True), N_SENSORS, "dec2", seed + 5)
 
 
-def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 300, **_) -> GraphTarget:
+def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 300) -> GraphTarget:
     x_all = make_data(4096, seed)
     graph = tf.Graph()
     with graph.as_default():

@@ -48,7 +48,7 @@ def make_data(n: int, seed: int):
     return x, np.eye(N_CLASSES, dtype=np.float32)[labels]
 
 
-def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 400, lr: float = 1e-3, **_) -> Target:
+def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 400, lr: float = 1e-3) -> Target:
     tf.keras.utils.set_random_seed(seed)
     x_all, y_all = make_data(4096, seed)
     model = build_model()

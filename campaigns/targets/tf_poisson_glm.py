@@ -40,7 +40,7 @@ def make_data(n: int, seed: int):
     return x, y
 
 
-def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 300, lr: float = 0.02, **_) -> Target:
+def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 300, lr: float = 0.02) -> Target:
     x_all, y_all = make_data(4096, seed)
     rng = np.random.default_rng(seed)
     w = tf.Variable(0.01 * rng.standard_normal((N_FEATURES, 1)).astype(np.float32), name="w")

@@ -55,7 +55,7 @@ def pretrain(model, x, y, steps: int, seed: int, lr: float = 1e-2, batch: int = 
 
 
 def make_target(seed: int = 0, batch: int = 8, hidden: int = 128, pretrain_steps: int = 400,
-                lr: float = 0.05, **_) -> Target:
+                lr: float = 0.05) -> Target:
     tf.keras.utils.set_random_seed(seed)
     x_all, y_all = load_data()
     model = build_model(hidden)

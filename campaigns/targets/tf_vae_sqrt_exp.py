@@ -72,7 +72,7 @@ def make_data(n: int, seed: int):
     return np.clip(np.exp(latent @ mix + 0.2 * rng.standard_normal((n, N_SENSORS))), 0, HIGH).astype(np.float32)
 
 
-def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 300, **_) -> Target:
+def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 300) -> Target:
     tf.keras.utils.set_random_seed(seed)
     x_all = make_data(4096, seed)
     model = VAE(seed=seed)

@@ -75,7 +75,7 @@ def make_data(n: int, seed: int):
     return np.clip(x, -BOUND, BOUND).astype(np.float32)
 
 
-def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 100, lr: float = 1e-4, **_) -> Target:
+def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 100, lr: float = 1e-4) -> Target:
     torch.manual_seed(seed)
     x_all = make_data(4096, seed)
     model = VAE()
