@@ -69,7 +69,7 @@ def make_target(seed=0, **args):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("how", ["ray.kill", "os.kill"])
+@pytest.mark.parametrize("how", ["ray.kill", pytest.param("os.kill", marks=pytest.mark.slow)])
 def test_killed_actor_resumes_site_from_checkpoint_and_finds_it(ray_session, tmp_path: Path, how):
     import ray
 

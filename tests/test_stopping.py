@@ -95,10 +95,12 @@ def check_stopped(tmp_path: Path, proc: subprocess.Popen, reason: str, stopped_a
     return summary
 
 
-@pytest.mark.slow
+# SIGTERM (what `ray job stop`, Kubernetes and Slurm send) on the Ray path is in the default suite;
+# the other three combinations are slow
 @pytest.mark.mlflow
-@pytest.mark.parametrize("how, reason", [(signal.SIGTERM, "signal"), (signal.SIGINT, "interrupted")])
-@pytest.mark.parametrize("actors", [0, pytest.param(1, marks=pytest.mark.ray)])
+@pytest.mark.parametrize("how, reason", [(signal.SIGTERM, "signal"),
+                                         pytest.param(signal.SIGINT, "interrupted", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("actors", [pytest.param(0, marks=pytest.mark.slow), pytest.param(1, marks=pytest.mark.ray)])
 def test_a_signal_stops_the_campaign_and_every_record_says_so(tmp_path: Path, how, reason, actors):
     hold, mark = tmp_path / "hold", tmp_path / "in_step"
     hold.touch()
