@@ -225,3 +225,18 @@ def test_runner_end_to_end_on_two_subjects(tmp_path):
     stamps = [p.stat().st_mtime_ns for p in results]
     assert suite_run.main(argv) == 0
     assert [p.stat().st_mtime_ns for p in results] == stamps, "a cached result was run again"
+
+
+def test_the_suite_campaign_file_is_the_registries_and_loads():
+    """campaigns/grist_suite.yaml is generated from the registries (stale if they changed) and
+    is a valid campaign: every entry exists, every target named once."""
+    from benchmarks.grist_suite import campaign as suite_campaign
+    from orchestrator.config import load_campaign
+
+    assert suite_campaign.OUT.read_text() == suite_campaign.render(), \
+        "campaigns/grist_suite.yaml is stale: run python benchmarks/grist_suite/campaign.py"
+    loaded = load_campaign(suite_campaign.OUT)
+    names = [t.name for t in loaded.targets]
+    assert len(names) == len(set(names)) == len(suite_campaign.targets())
+    entries = {b.entry for s in suite_run.load_subjects(["torch", "tensorflow"])[0] if s.runnable for b in s.bugs}
+    assert {t.entry for t in loaded.targets} == entries
