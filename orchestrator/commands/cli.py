@@ -113,7 +113,7 @@ def sites(campaign: Path = typer.Argument(..., help="campaign YAML file"),
 
 
 @app.command()
-def replay(folder: Path = typer.Argument(..., help="a finding folder"),
+def replay(folder: Path = typer.Argument(..., help="a finding folder (or its finding.json)"),
            trust: bool = typer.Option(False, "--trust", help="run a factory outside the current directory tree"),
            device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto")) -> None:
     """Rebuild the target, restore the saved values, run the unmodified program: exit 0 if the bug reproduces."""

@@ -62,7 +62,24 @@ def check_entry_exists(entry: str, folder: Path) -> None:
                           f"campaign ran in: the entry is relative to it)")
 
 
+def finding_folder(path: Path | str) -> Path:
+    """The finding folder a path names: the folder itself, or one of its files (``finding.json``,
+    ``values.safetensors``, ``test_reproducer.py``) meaning the folder that holds it."""
+    from fuzz_core.findings import REPORT, VALUES
+    from fuzz_core.reproducer import TEST_FILE
+
+    path = Path(path)
+    if not path.exists():
+        raise ReplayError(f"{path}: no such path (give a finding folder: <run>/findings/<name>)")
+    if path.is_file():
+        if path.name in (REPORT, VALUES, TEST_FILE):
+            return path.parent
+        raise ReplayError(f"{path}: not a finding folder nor its {REPORT}")
+    return path
+
+
 def replay_folder(folder: Path, trust: bool = False, device: str = "cpu") -> tuple[bool, str]:
+    folder = finding_folder(folder)
     try:
         loaded = load_finding(folder)
     except FindingError as exc:

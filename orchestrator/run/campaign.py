@@ -29,6 +29,7 @@ from fuzz_core.search import SearchConfig
 from fuzz_core.status import ExitReason, RunState, SiteStatus
 from orchestrator.config import Campaign, ConfigError, check_cluster_settings, parse_campaign, resolve_tracking_uri
 from orchestrator.observers.base import Observer, Observers
+from orchestrator.observers.tracking_sender import SPOOL_NAME
 from orchestrator.run import failures
 from orchestrator.run.controller import Controller, LoopLimits
 from orchestrator.run.executors import LocalExecutor
@@ -251,7 +252,11 @@ def _closing_lines(ctl: Controller, record: RunRecord, run_dir: Path, summary: P
         lines.append(f"cdeepfuzz: warning: some records could not be written ({observers.failures}); "
                      f"the run-state store {run_dir / STATE_DB} has everything")
     if uri:
-        lines.append(f"cdeepfuzz: mlflow ui --backend-store-uri {uri}")
+        lines.append(tracking_line(uri))
+    spooled = spooled_operations(run_dir)
+    if spooled:
+        lines.append(f"cdeepfuzz: {spooled} MLflow operation(s) were spooled while the tracking server did not "
+                     f"answer ({run_dir / SPOOL_NAME}); send them with: cdeepfuzz sync {run_dir}")
     if record.state is RunState.FAILED:
         lines.append(f"cdeepfuzz: INTERNAL ERROR: {record.error} ({failures.BUG_REPORT} in {summary})")
     if record.state in (RunState.STOPPED, RunState.FAILED):
@@ -259,6 +264,24 @@ def _closing_lines(ctl: Controller, record: RunRecord, run_dir: Path, summary: P
         lines.append(f"cdeepfuzz: stopped before completion ({why}, exit code {record.exit_code}); "
                      f"continue with: cdeepfuzz run --resume {run_dir}")
     return lines
+
+
+def tracking_line(uri: str) -> str:
+    """Where to look at the run in MLflow: a server is opened in a browser; a local store needs ``mlflow ui``."""
+    if uri.startswith(("http://", "https://")):
+        return f"cdeepfuzz: MLflow: open {uri} in a browser"
+    if uri.startswith(("sqlite:", "file:")) or "://" not in uri and not uri.startswith("databricks"):
+        return f"cdeepfuzz: mlflow ui --backend-store-uri {uri}"    # a local store: its UI is started by hand
+    return f"cdeepfuzz: MLflow tracking: {uri}"              # databricks, postgresql://, ...: the store's own UI
+
+
+def spooled_operations(run_dir: Path) -> int:
+    """MLflow operations of this run still in its spool (not sent: ``cdeepfuzz sync`` sends them)."""
+    try:
+        with open(run_dir / SPOOL_NAME, encoding="utf-8") as fh:
+            return sum(1 for line in fh if line.strip())
+    except OSError:
+        return 0
 
 
 def exit_code(ctl: Controller, record: RunRecord) -> int:
