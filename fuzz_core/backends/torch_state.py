@@ -146,12 +146,13 @@ class TorchState:
 
     def storages(self) -> set[int]:
         """Memory of every tracked tensor, optimizer slot and parameter gradient (now)."""
+        held = self.current()
         out = {storage_of(t) for t in self.tensors.values()}
-        out.update(storage_of(t) for t in self.current().values())
+        out.update(storage_of(t) for k, t in held.items() if t is not self.tensors[k])   # rebound ones
         for opt in self.optimizers:
             for slots in getattr(opt, "state", {}).values():
                 out.update(storage_of(v) for v in slots.values() if isinstance(v, torch.Tensor))
-        out.update(storage_of(t.grad) for t in self.current().values() if t.grad is not None)
+        out.update(storage_of(t.grad) for t in held.values() if t.grad is not None)
         out.discard(0)
         return out
 

@@ -94,13 +94,11 @@ class MlflowObserver(Observer):
                                                           "exit_reason": rec.exit_reason.value,
                                                           "steps": str(rec.steps)},
                                             SITE_END.get(rec.status, "FINISHED"), run_id=rec.mlflow_run_id)
-            self.tracker.flush(FLUSH_START_S)
-            self.refresh_ids()
-            return
-        for target, counts in self._target_counts.items():
-            self.tracker.start_site(f"target:{target}", f"target {target}",
-                                    {"target": target, "site.target": target, "sites": str(sum(counts.values())),
-                                     **{f"sites.{s.value}": str(n) for s, n in counts.items() if n}})
+        else:
+            for target, counts in self._target_counts.items():
+                self.tracker.start_site(f"target:{target}", f"target {target}",
+                                        {"target": target, "site.target": target, "sites": str(sum(counts.values())),
+                                         **{f"sites.{s.value}": str(n) for s, n in counts.items() if n}})
         self.tracker.flush(FLUSH_START_S)
         self.refresh_ids()
 
