@@ -128,7 +128,7 @@ class MlflowObserver(Observer):
                                     "finding.folder": str(folder), "phase": str(getattr(finding, "phase", "forward")),
                                     "flaky": str(bool(getattr(finding, "flaky", False))).lower(),
                                     "replays": f"{replays[0]}/{replays[1]}",
-                                    **({"notes": "; ".join(finding.notes)} if getattr(finding, "notes", ()) else {})})
+                                    **({"notes": "; ".join(finding.notes)} if finding.notes else {})})
         self.tracker.note_bug(finding.signature, f"{site.target} {site.op} {site.location}",
                               {"site.target": site.target, "site.op": site.op, "site.location": site.location,
                                "hazard": site.hazard,

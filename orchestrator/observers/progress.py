@@ -26,17 +26,16 @@ def _loss(x: float) -> str:
 def finding_lines(label: str, finding, folder: str) -> list[str]:
     """``FOUND <site>: <op> (<phase>) at step N -> <folder>``, the op that went non-finite first
     when it is not the site's own, a warning for a flaky finding, and each note on the data."""
-    phase = getattr(finding, "phase", "forward")
-    lines = [f"FOUND {label}: {finding.site.op} ({phase}) at step {finding.step} -> {folder}"]
-    first = getattr(finding, "first_op", None) or {}
-    if first and not getattr(finding, "site_triggered", True):
-        where = f" at {first['location']}" if first.get("location") else ""
+    lines = [f"FOUND {label}: {finding.site.op} ({finding.phase}) at step {finding.step} -> {folder}"]
+    first = finding.first_op or {}
+    if first and not finding.site_triggered:
+        where = f" at {first['location']}#{first.get('occurrence', 0)}" if first.get("location") else ""
         lines.append(f"  the first non-finite value came from {first.get('op', '?')}{where}, not from this site's op")
-    if getattr(finding, "flaky", False):
+    if finding.flaky:
         done, runs = finding.replays
         lines.append(f"  WARNING: flaky: reproduced in {done} of {runs} fresh replays "
                      "(randomness in the program that the replay could not re-seed)")
-    lines += [f"  note: {n}" for n in getattr(finding, "notes", ())]
+    lines += [f"  note: {n}" for n in finding.notes]
     return lines
 
 

@@ -382,7 +382,7 @@ class Controller:
                 rec.last_loss = result.trace[-1].suspect_loss
             if folder is not None:
                 rec.finding = folder.relative_to(self.run_dir).as_posix()
-            if getattr(result, "reach", None):
+            if result.reach:
                 rec.reach = result.reach
             status, reason, failure = _outcome_status(result, out.finding)
             losses = tuple(p.suspect_loss for p in result.trace)
