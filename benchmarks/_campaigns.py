@@ -8,11 +8,13 @@ from pathlib import Path
 
 class CountingExecutor:
     """Wraps an executor; counts steps campaign-wide in the order the quanta come back and
-    notes, per site, the count at which its finding arrived (``found_at``) and its steps so far."""
+    notes, per site, the count at which its finding arrived (``found_at``), whether the site's own op
+    fired (``own``) and its steps so far."""
 
     def __init__(self, inner) -> None:
         self.inner, self.slots = inner, inner.slots
         self.total, self.found_at, self.steps = 0, {}, {}
+        self.own = {}       # site -> its finding came from the site's own op (else another op went first)
 
     running = property(lambda self: self.inner.running)
 
@@ -29,8 +31,10 @@ class CountingExecutor:
             if result is not None:
                 self.total += result.steps_quantum
                 self.steps[outcome.site_id] = result.steps
-                if getattr(outcome, "finding", None) is not None:
+                finding = getattr(outcome, "finding", None)
+                if finding is not None:
                     self.found_at[outcome.site_id] = self.total
+                    self.own[outcome.site_id] = finding.site_triggered
         return done
 
     def shutdown(self):

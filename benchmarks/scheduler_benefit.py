@@ -211,7 +211,9 @@ def scheduler_run(kind: str, strategy: str, policy: str, seed: int, quantum: int
     one_slot_campaign(scheduler, ex, sites, specs, SearchConfig(strategy, max_steps, seed),
                       lambda: all(scheduler.status_of(i).final for i in pick.bug_ids))
     seconds = time.perf_counter() - t0
-    false_alarms = sorted(s.label for s in sites if s.id in pick.safe_ids and s.id in ex.found_at)
+    # a guarded op that fires is a false alarm; a guarded site whose search reached the subject's
+    # planted bug first (acos_cosine's div, one line above its acos) found that bug, confirmed by replay
+    false_alarms = sorted(s.label for s in sites if s.id in pick.safe_ids and ex.own.get(s.id, False))
     if false_alarms:
         raise SystemExit(f"guarded sites triggered: {false_alarms}")
     label = {s.id: f"{s.target} {s.op}" for s in sites if s.id in pick.bug_ids}   # one bug per target

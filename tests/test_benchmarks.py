@@ -182,3 +182,21 @@ def test_search_cache_serves_exactly_what_the_real_search_gives(monkeypatch):
         real.shutdown()
     real, served = cache.real_steps - counts[1][0], cache.served_steps - counts[1][1]
     assert 0 < real < served / 2, (real, served)          # the second campaign mostly replayed
+
+
+def test_counting_executor_tells_a_guarded_op_firing_from_a_planted_bug_reached_first():
+    """A guarded site's search that reaches the subject's planted bug first (acos_cosine's div, one
+    line above its acos) found that bug; only the guarded op itself firing is a false alarm."""
+    from types import SimpleNamespace
+
+    from benchmarks._campaigns import CountingExecutor
+
+    def outcome(site_id, own):
+        result = SimpleNamespace(steps_quantum=2, steps=2)
+        return SimpleNamespace(site_id=site_id, result=result, finding=SimpleNamespace(site_triggered=own))
+
+    done = [(None, outcome("div", False)), (None, outcome("log", True))]
+    inner = SimpleNamespace(slots=1, wait=lambda timeout: done)
+    ex = CountingExecutor(inner)
+    ex.wait(0)
+    assert ex.found_at == {"div": 2, "log": 4} and ex.own == {"div": False, "log": True}
