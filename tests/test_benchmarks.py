@@ -37,6 +37,17 @@ def test_steps_to_trigger_runs_on_one_subject():
     assert "| softmax_xent_mlp |" in proc.stdout and "adaptive | 1/1" in proc.stdout, proc.stdout[-2000:]
 
 
+def test_default_bounds_compares_the_boxes_on_one_subject():
+    """Counts in [0, 1] (softmax_xent_mlp's pixels) get the box [0, 2] by the new rule, [-10, 10] by the old."""
+    proc = subprocess.run([sys.executable, "benchmarks/default_bounds.py", "--only", "softmax_xent_mlp",
+                           "--max-steps", "20", "--no-write"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| softmax_xent_mlp |"))
+    assert row.endswith("| x [-10, 10] | x [0, 2] |"), row
+    assert "| new | 1/1 |" in proc.stdout, proc.stdout[-2000:]
+
+
 def test_raw_units_feeds_a_subject_scaled_inputs_and_keeps_its_program():
     import numpy as np
     import torch
