@@ -51,7 +51,7 @@ INDEX = "index.html"
 FINDING_PAGES = "findings"
 ALLOCATION = "allocation.json"
 MAX_POINTS = 2000          # per site
-TOTAL_POINTS = 400_000     # per report: long campaigns get fewer points per site
+TOTAL_POINTS = 250_000     # per report: long campaigns get fewer points per site
 MAX_ALLOCATION_SERIES = 12
 SOURCE_CONTEXT = 5         # lines either side of the site's line
 MAX_TABLE_ROWS, MAX_TABLE_COLS = 16, 64
@@ -71,7 +71,7 @@ class ReportError(ValueError):
 class SiteTrace:
     steps: np.ndarray
     losses: np.ndarray
-    events: list[str]
+    events: np.ndarray      # of str
 
 
 @dataclass
@@ -138,28 +138,29 @@ def load_run(run_dir: Path) -> RunData:
 def _read_traces(data: RunData, root: Path, campaign: str, run: str) -> None:
     """This run's trace rows, per site, and its shards in the order they were written."""
     folder = root / "traces" / f"campaign={campaign}"
-    rows: dict[str, list[tuple[int, float, str]]] = {}
+    rows: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
     for path in folder.glob("site_id=*/part-*.parquet"):
         try:
-            table = pq.read_table(path, columns=["run", "step", "suspect_loss", "event"])
+            table = pq.read_table(path, columns=["run", "step", "suspect_loss", "event"], use_threads=False)
+            mine = np.asarray(table.column("run").to_pylist(), dtype=object) == run
+            if not mine.any():
+                continue
+            steps = np.asarray(table.column("step").to_numpy(zero_copy_only=False), dtype=np.int64)[mine]
+            losses = np.asarray(table.column("suspect_loss").to_numpy(zero_copy_only=False), dtype=np.float64)[mine]
+            events = np.asarray([str(e) for e in table.column("event").to_pylist()], dtype=object)[mine]
         except Exception as exc:  # noqa: BLE001 - one unreadable shard must not lose the report
             log.warning("report: skipping %s: %s", path, exc)
             continue
-        cols = table.to_pydict()
-        keep = [i for i, r in enumerate(cols["run"]) if r == run]
-        if not keep:
-            continue
         site_id = path.parent.name.split("=", 1)[1]
-        rows.setdefault(site_id, []).extend(
-            (int(cols["step"][i]), _num(cols["suspect_loss"][i]), str(cols["event"][i])) for i in keep)
+        rows.setdefault(site_id, []).append((steps, losses, events))
         seq = _SEQ.search(path.name)
-        data.shards.append((path.stat().st_mtime, site_id, max(int(cols["step"][i]) for i in keep),
-                            int(seq.group(1)) if seq else 0))
+        data.shards.append((path.stat().st_mtime, site_id, int(steps.max()), int(seq.group(1)) if seq else 0))
     data.shards = [(t, s, step) for t, s, step, _ in sorted(data.shards, key=lambda x: (x[0], x[3]))]
-    for site_id, points in rows.items():
-        points.sort(key=lambda p: p[0])
-        data.traces[site_id] = SiteTrace(np.array([p[0] for p in points]), np.array([p[1] for p in points]),
-                                         [p[2] for p in points])
+    for site_id, parts in rows.items():
+        steps = np.concatenate([p[0] for p in parts])
+        order = np.argsort(steps, kind="stable")
+        data.traces[site_id] = SiteTrace(steps[order], np.concatenate([p[1] for p in parts])[order],
+                                         np.concatenate([p[2] for p in parts])[order])
 
 
 def _num(x: Any) -> float:
@@ -187,11 +188,13 @@ def downsample(trace: SiteTrace, n: int) -> tuple[np.ndarray, np.ndarray, list[s
     if m <= n:
         keep = np.arange(m)
     else:
-        marked = [i for i, e in enumerate(trace.events) if e not in PLAIN_EVENTS]
-        triggers = [i for i in marked if trace.events[i] == "trigger"]
-        others = [i for i in marked if trace.events[i] != "trigger"]
+        events = np.asarray(trace.events, dtype=object)
+        marked = np.flatnonzero(~np.isin(events, PLAIN_EVENTS))
+        is_trigger = events[marked] == "trigger"
+        triggers, others = marked[is_trigger].tolist(), marked[~is_trigger]
         if len(others) > n // 4:
             others = others[::math.ceil(len(others) / max(n // 4, 1))]
+        others = others.tolist()
         fixed = np.array(sorted({0, m - 1, *triggers, *others}), dtype=np.int64)
         buckets = max(1, (n - len(fixed)) // 2)
         width = math.ceil(m / buckets)
@@ -206,7 +209,7 @@ def downsample(trace: SiteTrace, n: int) -> tuple[np.ndarray, np.ndarray, list[s
         keep = np.unique(np.concatenate([fixed, base + lo.reshape(rows, width).argmin(axis=1),
                                          base + hi.reshape(rows, width).argmax(axis=1)]))
         keep = keep[keep < m]
-    return trace.steps[keep], trace.losses[keep], [trace.events[i] for i in keep]
+    return trace.steps[keep], trace.losses[keep], [str(e) for e in np.asarray(trace.events, dtype=object)[keep]]
 
 
 def _nums(values: Any) -> str:
