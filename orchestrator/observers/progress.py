@@ -11,9 +11,10 @@ searches closest to a trigger, then errors, then the rest), the sites that do no
 counted in one line, and every line is cut to the width (a site's label loses the middle of
 its path first, never its op nor its ``file:line``).
 
-The budget is the steps the campaign can still spend: ``max_steps`` for each live (or stopped)
-site, and only the steps it used for a site that ended on its own (found, retired,
-unreachable, an error...), so that a completed campaign ends at 100%.
+The budget (the total of the bar and of the percentage) is ``max_steps`` for each live (or
+stopped) site, and only the steps it used for a site that ended on its own (found, retired,
+unreachable, an error...): the budget a retired site did not spend leaves the total, so a
+completed campaign ends at 100%, and a stopped one short of it.
 """
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ class LiveView(Observer):
         self.stream = stream or sys.stderr
         self.live = (self.stream.isatty() if live is None else live) and enabled
         self._t0 = time.monotonic() if started is None else started
-        self._last_line = self._t0          # the first plain headline comes after HEADLINE_S
+        self._last_line = time.monotonic()  # the first plain headline comes HEADLINE_S from now
         self._last_draw = 0.0
         self._live = None
         self.sites: list = []
