@@ -17,12 +17,17 @@ edited. :func:`verify` replays the reproducer under the guard, then searches eve
 op of the guarded program (the guarded site first) with the finding's strategy and seed, up
 to a budget per site, stopping at the first qualifying non-finite value anywhere in a pass
 (not only at the searched op: a clamp at 1e-45 leaves a log of -103 that a later op may turn
-into an overflow). :func:`suggest_and_verify` tries the guards in order and writes a ``fix``
-section into ``finding.json``: ``verified`` (none found in N steps) with the guard to use, or
-``not sufficient`` with what each guard still let through (a residual finding, its values
-saved next to the report as ``fix-residual-<i>.safetensors``), or ``no suggestion``.
+into an overflow). In every pass the guarded call's own gradient is checked as well, even in a
+program that never calls backward: ``rsqrt(x.clamp_min(tiny))`` is finite at x = 2e-38 but its
+gradient is -inf there, so it is not a fix. :func:`suggest_and_verify` tries the guards in
+order and writes a ``fix`` section into ``finding.json``: ``verified`` (the reproducer finite
+forward and backward under the guard, and no other trigger in the N steps searched) with the
+guard to use and its patch of the user's source line (``diff``, also ``fix.diff``), or ``not
+sufficient`` with what each guard still let through (a residual finding, its values saved next
+to the report as ``fix-residual-<i>.safetensors``), or ``no suggestion``.
 
-Only the PyTorch backend has guards; torch is imported lazily, as the rest of fuzz_core does.
+Only the PyTorch backend has guards (:data:`TF_WHY` says why; a TensorFlow finding gets a guard
+to write by hand, not verified); torch is imported lazily, as the rest of fuzz_core does.
 """
 from __future__ import annotations
 
@@ -177,9 +182,11 @@ def _finfo(dtype: str) -> dict[str, float]:
 _MODE_CLASS = None
 
 
-def guard_mode(guards: list[Guard] = (), probe: tuple[str, str] | None = None):
-    """A fresh ``TorchFunctionMode`` that applies ``guards`` (and records calls at ``probe``)."""
-    return _mode_class()(list(guards), probe)
+def guard_mode(guards: list[Guard] = (), probe: tuple[str, str] | None = None, sink: list | None = None):
+    """A fresh ``TorchFunctionMode`` that applies ``guards`` (and records calls at ``probe``); with
+    ``sink``, each guarded call's own gradient is checked too (:func:`_backward_check`) and what
+    went non-finite is appended there."""
+    return _mode_class()(list(guards), probe, sink)
 
 
 def _mode_class():
@@ -193,12 +200,13 @@ def _mode_class():
     class GuardMode(TorchFunctionMode):
         """Applies guards at (op, path:line); tags softmax/sigmoid outputs with their inputs."""
 
-        def __init__(self, guards: list[Guard], probe: tuple[str, str] | None) -> None:
+        def __init__(self, guards: list[Guard], probe: tuple[str, str] | None, sink: list | None) -> None:
             super().__init__()
             self.guards = {(g.op, g.location): g for g in guards}
             self.ops = {g.op for g in guards} | ({probe[0]} if probe else set())
             self.probe = probe
             self.calls: list[dict[str, Any]] = []
+            self.sink = sink
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -210,6 +218,10 @@ def _mode_class():
                     self.calls.append(_describe_call(op, name, args))
                 g = self.guards.get((op, location))
                 if g is not None:
+                    if self.sink is not None:
+                        bad = _backward_check(g, func, args, kwargs)
+                        if bad is not None:
+                            self.sink.append(bad)
                     return _apply(g, func, args, kwargs)
             out = func(*args, **kwargs)
             _tag(name, args, kwargs, out)
@@ -251,6 +263,51 @@ def _transform(g: Guard, x):
     if g.name == "abs_min":
         return torch.where(x.abs() < p["eps"], torch.copysign(torch.full_like(x, p["eps"]), x), x)
     return x
+
+
+def _backward_check(g: Guard, func, args, kwargs) -> dict[str, Any] | None:
+    """The guarded call's own gradient, on copies of its inputs, with every mode off (the
+    recorder sees none of it): ``d(guarded op)/d(input)`` for each floating-point tensor input,
+    upstream gradient one. What went non-finite from finite inputs and a finite output (the
+    input value where it did, the gradient there), else None. A guard that keeps the forward
+    finite can still leave an infinite derivative (``rsqrt`` of an input clamped at tiny:
+    ``-0.5 * tiny ** -1.5`` overflows), which training through the op turns into NaN weights.
+    A stable rewrite (``log_softmax``, ``logsigmoid``) is not checked here: it has a finite
+    gradient everywhere by construction."""
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    if g.name == "stable_log":
+        return None
+    idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    if not idx:
+        return None
+    try:
+        with torch._C.DisableTorchFunction(), _disable_current_modes(), torch.inference_mode(False), \
+                torch.enable_grad():
+            leaves = [args[i].detach().clone().requires_grad_(True) for i in idx]
+            if not all(bool(torch.isfinite(x).all()) for x in leaves):
+                return None                  # a non-finite input: an earlier op's event, not the guard's
+            work = list(args)
+            for i, x in zip(idx, leaves):
+                work[i] = x.clone()          # an in-place op writes a copy, never the leaf
+            out = _apply(g, func, tuple(work), {k: v for k, v in kwargs.items() if k != "out"})
+            if not (isinstance(out, torch.Tensor) and out.requires_grad and bool(torch.isfinite(out).all())):
+                return None                  # a non-finite output is the forward check's to report
+            grads = torch.autograd.grad(out, leaves, grad_outputs=torch.ones_like(out), allow_unused=True)
+    except Exception:  # noqa: BLE001 - a call the copy cannot redo (a view written in place, ...): unchecked
+        return None
+    for i, x, gr in zip(idx, leaves, grads):
+        if gr is None or bool(torch.isfinite(gr).all()):
+            continue
+        bad = ~torch.isfinite(gr.reshape(-1))      # a gradient has its input's shape
+        k = int(bad.nonzero()[0])
+        xv, gv = x.detach().reshape(-1)[k], gr.reshape(-1)[k]
+        return {"op": g.op, "function": getattr(func, "__name__", g.op), "location": g.location, "argument": i,
+                "input": float(xv), "gradient": float(gv), "count": int(bad.sum()),
+                "explanation": f"non-finite gradient through the guard: d {g.op}/d argument {i} = {float(gv):g} "
+                               f"at input {float(xv):.8g} ({g.op} at {g.location}; the forward value is finite)"}
+    return None
 
 
 def _stable_log(g: Guard, func, args, kwargs):
@@ -343,16 +400,21 @@ def probe_calls(runner, site: OpSite, inputs: dict[str, np.ndarray], state: dict
 
 
 class _Watching:
-    """A runner whose evaluations end the search at any qualifying non-finite value of the pass."""
+    """A runner whose evaluations end the search at any qualifying non-finite value of the pass,
+    forward or backward: the program's own, or the guarded op's gradient (``sink``)."""
 
-    def __init__(self, runner) -> None:
+    def __init__(self, runner, sink: list) -> None:
         self._runner = runner
+        self._sink = sink
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runner, name)
 
     def evaluate(self, values, site, **kwargs):
+        seen = len(self._sink)
         ev = self._runner.evaluate(values, site, **kwargs)
+        if len(self._sink) > seen:
+            ev.event = True
         if ev.event and not ev.triggered:
             ev.triggered = True
         return ev
@@ -360,12 +422,14 @@ class _Watching:
 
 def verify(runner, site: OpSite, loaded, guard: Guard, budget: int, strategy: str = "adaptive",
            seed: int = 0, search_weights: bool = False) -> Attempt:
-    """Replay the reproducer under ``guard``, then search every suspect op of the guarded program."""
+    """Replay the reproducer under ``guard``, then search every suspect op of the guarded program;
+    in every pass the guarded op's own gradient is checked as well as the program's values."""
     t0 = time.perf_counter()
     progress: dict[str, Any] = {"steps": 0, "sites": []}
-    install(runner, lambda: guard_mode([guard]))
+    sink: list[dict[str, Any]] = []
+    install(runner, lambda: guard_mode([guard], sink=sink))
     try:
-        status, residual = _verify(runner, site, loaded, budget, strategy, seed, search_weights, progress)
+        status, residual = _verify(runner, site, loaded, budget, strategy, seed, search_weights, progress, sink)
     except Exception as exc:  # noqa: BLE001 - the guard broke the program: not a fix
         status = "error"
         residual = {"searched": progress["sites"][-1] if progress["sites"] else "the reproducer itself",
@@ -377,31 +441,47 @@ def verify(runner, site: OpSite, loaded, guard: Guard, budget: int, strategy: st
     return Attempt(guard, status, progress["steps"], progress["sites"], time.perf_counter() - t0, residual)
 
 
+def _checked(runner, site: OpSite, values, state, seed: int, sink: list) -> tuple[Any, dict[str, Any] | None]:
+    """A replay under the guard: its check, and the guarded op's first non-finite gradient in it."""
+    from fuzz_core.engine import confirm
+
+    seen = len(sink)
+    check = confirm(runner, site, values, state, seed)
+    return check, (sink[seen] if len(sink) > seen else None)
+
+
 def _verify(runner, site: OpSite, loaded, budget: int, strategy: str, seed: int, search_weights: bool,
-            progress: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
-    from fuzz_core.engine import confirm, discover_sites, search_site
+            progress: dict[str, Any], sink: list) -> tuple[str, dict[str, Any] | None]:
+    from fuzz_core.engine import discover_sites, search_site
     from fuzz_core.search import SearchConfig
 
-    check = confirm(runner, site, loaded.inputs, loaded.state, int(loaded.report.get("step_seed", 0)))
-    if check.event:
-        return "not sufficient", _residual("the reproducer itself", check, 0, loaded.inputs, loaded.state)
+    check, grad = _checked(runner, site, loaded.inputs, loaded.state, int(loaded.report.get("step_seed", 0)), sink)
+    if check.event or grad:
+        return "not sufficient", _residual("the reproducer itself", check, 0, loaded.inputs, loaded.state, grad)
     sites = [s for s in discover_sites(runner, seed) if s.searched]
     sites.sort(key=lambda s: (s.op, s.location) != (site.op, site.location))    # the guarded op first
     config = SearchConfig(strategy, max(1, int(budget)), seed, search_weights)
     for s in sites:
         progress["sites"].append(s.label)
-        result = search_site(_Watching(runner), s, config)
+        result = search_site(_Watching(runner, sink), s, config)
         progress["steps"] += result.steps
         cand = result.candidate
         if cand is None:
             continue
-        check = confirm(runner, s, cand.values, cand.state, cand.seed)
-        if check.event:
-            return "not sufficient", _residual(s.label, check, cand.step, cand.values, cand.state)
+        check, grad = _checked(runner, s, cand.values, cand.state, cand.seed, sink)
+        if check.event or grad:
+            return "not sufficient", _residual(s.label, check, cand.step, cand.values, cand.state, grad)
     return "verified", None
 
 
-def _residual(searched: str, check, step: int, values: dict, state: dict | None) -> dict[str, Any]:
+def _residual(searched: str, check, step: int, values: dict, state: dict | None,
+              grad: dict[str, Any] | None = None) -> dict[str, Any]:
+    if grad is not None and not check.event:     # the program stayed finite; the guard's own gradient did not
+        first = {"op": grad["op"], "kind": f"{grad['function']} (backward)", "location": grad["location"],
+                 "occurrence": 0, "nan": False}
+        return {"searched": searched, "first_op": first, "step": step, "phase": "backward",
+                "weights_nonfinite": False, "gradient": {k: grad[k] for k in ("argument", "input", "gradient", "count")},
+                "explanation": grad["explanation"], "_values": values, "_state": state}
     first = check.first_op.to_dict() if check.first_op else None
     weights_bad = bool(state) and any(
         k.startswith("model.") and np.issubdtype(np.asarray(v).dtype, np.floating) and not np.isfinite(v).all()
@@ -411,13 +491,227 @@ def _residual(searched: str, check, step: int, values: dict, state: dict | None)
     if weights_bad:
         why += (" (the weights went non-finite in the program's training step: the gradient through the guard"
                 " is not finite)")
-    return {"searched": searched, "first_op": first, "step": step, "weights_nonfinite": weights_bad,
-            "explanation": why, "_values": values, "_state": state}
+    return {"searched": searched, "first_op": first, "step": step, "phase": check.phase or "forward",
+            "weights_nonfinite": weights_bad, "explanation": why, "_values": values, "_state": state}
+
+
+# -- the guard as a patch of the user's source line --------------------------------------------------------
+_MODULES = {"torch", "torch.special", "torch.nn.functional", "F", "nn.functional", "special", "th"}
+
+
+def split_location(location: str) -> tuple[str, int, int | None]:
+    """``path:line`` (or ``path:line:col``) as (path, line, col); line 0 when there is none."""
+    parts = str(location).rsplit(":", 2)
+    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        return parts[0], int(parts[1]), int(parts[2])
+    path, _, line = str(location).rpartition(":")
+    return (path, int(line), None) if line.isdigit() else (str(location), 0, None)
+
+
+def source_patch(guard: Guard, roots: tuple[Path | str, ...] = (".",)) -> dict[str, Any] | None:
+    """The guard written into the user's source: every call of ``guard.op`` on its line rewritten as
+    the mode applies it (the mode guards every call of the op at ``path:line``), as a unified diff
+    of the file (``a/<path>`` ``b/<path>``, for ``git apply``). None when the file is not found from
+    ``roots`` or no call on the line can be rewritten (a call through a variable, a stable rewrite
+    whose softmax is on another line, a statement over several lines): then the guard's ``code``
+    shows what to write."""
+    import ast
+    import difflib
+
+    path, line, col = split_location(guard.location)
+    if not line:
+        return None
+    file = next((Path(r) / path for r in roots if (Path(r) / path).is_file()), None)
+    if file is None:
+        return None
+    try:
+        text = file.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return None
+    lines = text.splitlines(keepends=True)
+    if line > len(lines):
+        return None
+    raw = lines[line - 1]
+    body = raw.rstrip("\r\n").encode("utf-8")
+    matches = []
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) == line and getattr(node, "end_lineno", None) == line:
+            m = _match(guard, node)
+            if m is not None:
+                matches.append((node.col_offset, node.end_col_offset, m))
+    if not matches:
+        return None
+
+    def render(lo: int, hi: int) -> str:
+        out, pos = [], lo
+        for start, end, m in sorted(matches, key=lambda t: (t[0], -t[1])):
+            if start >= pos and end <= hi and (start, end) != (lo, hi):
+                out += [body[pos:start].decode("utf-8"), m(render, body)]
+                pos = end
+        out.append(body[pos:hi].decode("utf-8"))
+        return "".join(out)
+
+    after = render(0, len(body))
+    if after == body.decode("utf-8"):
+        return None
+    new = raw.replace(body.decode("utf-8"), after, 1)
+    diff = "".join(difflib.unified_diff(lines, lines[:line - 1] + [new] + lines[line:], f"a/{path}", f"b/{path}", n=1))
+    if not diff.endswith("\n"):
+        diff += "\n\\ No newline at end of file\n"
+    return {"path": path, "line": line, "before": raw.strip(), "after": new.strip(), "diff": diff}
+
+
+def _dotted(node) -> str:
+    import ast
+
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else ""
+    return ""
+
+
+def _match(guard: Guard, node):
+    """For a node that is a call of ``guard.op``: a function ``(render, body) -> rewritten text``."""
+    import ast
+
+    op, p = guard.op, guard.params
+    seg = lambda n: (n.col_offset, n.end_col_offset)  # noqa: E731
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if FUNCTIONS.get(name, FUNCTIONS.get(f"special_{name}")) != op and name != op:
+            return None
+        method = isinstance(func, ast.Attribute) and _dotted(func.value) not in _MODULES
+        inplace = method and name.endswith("_") and not name.endswith("__")
+        if guard.name == "stable_log":
+            return _match_stable(guard, node)
+        if method and op not in _DIVISOR_SECOND:
+            arg = func.value
+        else:
+            i = 0 if method else (1 if op in _DIVISOR_SECOND else 0)
+            arg = node.args[i] if len(node.args) > i else None
+            if arg is None:
+                arg = next((k.value for k in node.keywords if k.arg in (("other",) if i else ("input", "self"))),
+                           None)
+            inplace = False
+    elif isinstance(node, (ast.BinOp, ast.AugAssign)) and guard.name != "stable_log":
+        left = node.left if isinstance(node, ast.BinOp) else node.target
+        right = node.value if isinstance(node, ast.AugAssign) else node.right
+        number = isinstance(left, ast.Constant) and isinstance(left.value, (int, float))
+        kind = {ast.Div: "reciprocal" if number else "div", ast.FloorDiv: "div", ast.Mod: "remainder",
+                ast.Pow: "pow"}.get(type(node.op))
+        if kind != op:
+            return None
+        arg, inplace = (left if op == "pow" else right), False
+        if isinstance(node, ast.AugAssign) and op == "pow":
+            return None                      # x **= e: the base is the target itself
+    else:
+        return None
+    if arg is None or (isinstance(arg, ast.Constant) and isinstance(arg.value, (int, float))):
+        return None                          # a Python number: the guard leaves it as it is
+    simple = isinstance(arg, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
+    if inplace and not simple:
+        return None
+    a0, a1 = seg(arg)
+    n0, n1 = seg(node)
+
+    def rewrite(render, body) -> str:
+        a = render(a0, a1)
+        x = a if simple else f"({a})"
+        if guard.name == "clamp_min":
+            g = f"{x}.clamp_min{'_' if inplace else ''}({p['lo']:.8g})"
+        elif guard.name == "clamp_max":
+            g = f"{x}.clamp_max{'_' if inplace else ''}({p['hi']:.8g})"
+        elif guard.name == "clamp":
+            g = f"{x}.clamp{'_' if inplace else ''}({p['lo']:.8g}, {p['hi']:.8g})"
+        elif guard.name == "abs_min" and not inplace:
+            e = f"{p['eps']:.8g}"
+            g = f"torch.where({x}.abs() < {e}, torch.copysign(torch.full_like({x}, {e}), {x}), {x})"
+        else:
+            g = a
+        return render(n0, a0) + g + render(a1, n1)
+
+    return rewrite
+
+
+def _match_stable(guard: Guard, node):
+    """``log(softmax(z, d))`` -> ``log_softmax(z, d)``, ``log(sigmoid(z))`` -> ``logsigmoid(z)``,
+    ``log(1 - sigmoid(z))`` -> ``logsigmoid(-z)``, when the softmax / sigmoid is in the same call."""
+    import ast
+
+    func = node.func
+    method = isinstance(func, ast.Attribute) and _dotted(func.value) not in _MODULES
+    arg = func.value if method else (node.args[0] if node.args else None)
+    scale = "" if guard.op == "log" else f" / {math.log(2 if guard.op == 'log2' else 10)!r}"
+
+    def called(n, names):
+        if isinstance(n, ast.Call):
+            f = n.func
+            nm = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if nm in names:
+                m = isinstance(f, ast.Attribute) and _dotted(f.value) not in _MODULES
+                return n, m
+        return None
+
+    negate = False
+    inner = called(arg, ("softmax",))
+    if inner is None:
+        inner = called(arg, ("sigmoid",))
+        if inner is None and isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Sub) \
+                and isinstance(arg.left, ast.Constant) and arg.left.value == 1:
+            inner, negate = called(arg.right, ("sigmoid",)), True
+        if inner is None:
+            return None
+    call, m = inner
+    n0, n1 = node.col_offset, node.end_col_offset
+
+    def rewrite(render, body) -> str:
+        name = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id
+        if name == "softmax":
+            f0 = call.func.end_col_offset - len("softmax")
+            g = render(call.col_offset, f0) + "log_softmax" + render(call.func.end_col_offset, call.end_col_offset)
+        else:
+            z = call.func.value if m else (call.args[0] if call.args else None)
+            if z is None:
+                return render(n0, n1)
+            zt = render(z.col_offset, z.end_col_offset)
+            if negate:
+                zt = f"-{zt}" if isinstance(z, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)) else f"-({zt})"
+            g = f"torch.nn.functional.logsigmoid({zt})"
+        return g + scale
+
+    return rewrite
+
+
+DIFF_FILE = "fix.diff"            # the recommended guard as a patch, in the finding folder
+TF_WHY = ("guards are implemented for PyTorch programs only: CDeepFuzz applies a guard without editing the "
+          "program, by intercepting the op's call at its source line above autograd (PyTorch's "
+          "TorchFunctionMode); TensorFlow has no such hook for eager and tf.function code alike, so a guard "
+          "there has to be written into the source by hand, then `cdeepfuzz replay FINDING` checks it")
+# What to write by hand in a TensorFlow program (not verified by CDeepFuzz): eps, not tiny, keeps the
+# gradient finite too (d rsqrt/dx at tiny overflows).
+TF_HINTS = {
+    "log": "tf.math.log(tf.maximum(x, eps))", "log2": "tf.math.log(tf.maximum(x, eps)) / math.log(2.0)",
+    "log10": "tf.math.log(tf.maximum(x, eps)) / math.log(10.0)", "log1p": "tf.math.log1p(tf.maximum(x, -1 + eps))",
+    "sqrt": "tf.sqrt(tf.maximum(x, eps))", "rsqrt": "tf.math.rsqrt(tf.maximum(x, eps))",
+    "xlogy": "tf.math.xlogy(x, tf.maximum(y, eps))",
+    "div": "a / tf.where(tf.abs(b) < eps, tf.where(b < 0, -eps, eps), b)",
+    "reciprocal": "1 / tf.where(tf.abs(x) < eps, tf.where(x < 0, -eps, eps), x)",
+    "exp": "tf.exp(tf.minimum(x, math.log(dtype_max) - 20 * math.log(2.0)))",
+    "acos": "tf.acos(tf.clip_by_value(x, -1 + eps, 1 - eps))", "asin": "tf.asin(tf.clip_by_value(x, -1 + eps, 1 - eps))",
+    "atanh": "tf.atanh(tf.clip_by_value(x, -1 + eps, 1 - eps))", "acosh": "tf.acosh(tf.maximum(x, 1 + eps))",
+    "pow": "tf.pow(tf.maximum(x, eps), e)",
+}
 
 
 def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET, *, device: str = "cpu",
-                       runner=None) -> dict[str, Any]:
-    """Suggest guards for a finding, verify them in order, write the ``fix`` section; return it."""
+                       runner=None, roots: tuple[Path | str, ...] = (".",)) -> dict[str, Any]:
+    """Suggest guards for a finding, verify them in order (forward and backward, reproducer and
+    search), write the ``fix`` section (and ``fix.diff``: the recommended guard as a patch of the
+    user's source, found from ``roots``); return it."""
     from fuzz_core.backends.base import RunnerOptions
     from fuzz_core.engine import TargetSpec, build_runner
 
@@ -426,14 +720,16 @@ def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET,
     report, site = loaded.report, loaded.site
     t = report["target"]
     weights = report.get("trigger") == "weights"
+    path, line, _ = split_location(site.location)
     fix: dict[str, Any] = {"budget": int(budget), "site": site.label, "location": site.location,
-                           "source": linecache.getline(site.location.rsplit(":", 1)[0],
-                                                       int(site.location.rsplit(":", 1)[1] or 0)).strip()
-                           if ":" in site.location else "",
+                           "source": linecache.getline(path, line).strip() if line else "",
                            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if (t.get("framework") or "torch") != "torch":
+        hint = TF_HINTS.get(site.op)
         return _write(folder, report, {**fix, "status": "no suggestion", "attempts": [], "recommended": None,
-                                       "message": "no suggestion: guards are implemented for PyTorch programs only"})
+                                       "diff": None, "hint": hint,
+                                       "message": f"no suggestion: {TF_WHY}"
+                                                  + (f"; for example (not verified): {hint}" if hint else "")})
     if runner is None:
         runner = build_runner(TargetSpec.from_dict(t), RunnerOptions(device=device, search_weights=weights))
     calls = probe_calls(runner, site, loaded.inputs, loaded.state, int(report.get("step_seed", 0)))
@@ -442,7 +738,7 @@ def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET,
         why = (f"the {site.op} at {site.location} is not called from Python (it runs inside a fused or C++ "
                f"function), so no function-level guard reaches it" if not calls else f"no guard for {site.op}")
         return _write(folder, report, {**fix, "status": "no suggestion", "attempts": [], "recommended": None,
-                                       "message": f"no suggestion: {why}"})
+                                       "diff": None, "message": f"no suggestion: {why}"})
     attempts = []
     for guard in guards:
         attempt = verify(runner, site, loaded, guard, budget, report.get("strategy", "adaptive"),
@@ -452,21 +748,36 @@ def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET,
         if attempt.status == "verified":
             break
     good = next((a for a in attempts if a.status == "verified"), None)
+    replayed = "replayed the finding's input under the guard: finite forward and backward"
     if good is not None and not good.sites:
-        message = (f"verified: with the guard ({good.guard.description}) the reproducer stays finite and the "
-                   f"program has no suspect op left to search (none found in 0 steps)")
+        message = (f"verified ({good.guard.description}): {replayed}; the guarded program has no suspect op "
+                   f"left to search (0 steps searched)")
     elif good is not None:
-        message = (f"verified: none found in {good.steps} steps over {len(good.sites)} site(s) "
-                   f"({budget} per site) with the guard: {good.guard.description}")
+        message = (f"verified ({good.guard.description}): {replayed}; searched {good.steps} steps over "
+                   f"{len(good.sites)} suspect op(s) of the guarded program (at most {budget} each) for another "
+                   f"trigger, forward and backward: none")
     else:
         last = attempts[-1]
         res = last.residual or {}
         what = res.get("explanation") if last.status == "error" else (
             f"a {res.get('explanation')} remains (found in {res.get('searched')}, step {res.get('step')})")
         message = f"not sufficient: {len(attempts)} guard(s) tried; with {last.guard.description}: {what}"
+    patches = [source_patch(a.guard, roots) for a in attempts]
+    saved = [_saved(folder, i, a) for i, a in enumerate(attempts)]
+    for d, patch in zip(saved, patches):
+        d["diff"] = patch["diff"] if patch else None
+    diff = patches[attempts.index(good)] if good is not None else None
+    diff_file = folder / DIFF_FILE
+    if diff:
+        diff_file.write_text(diff["diff"], encoding="utf-8")
+    elif diff_file.exists():
+        diff_file.unlink()                   # a stale patch of an earlier verdict
     section = {**fix, "status": "verified" if good else "not sufficient", "message": message,
                "recommended": good.guard.to_dict() if good else None, "probe": calls[:8],
-               "attempts": [_saved(folder, i, a) for i, a in enumerate(attempts)]}
+               "checked": {"replay": "forward and backward", "steps": good.steps if good else None,
+                           "sites": len(good.sites) if good else None},
+               "diff": diff["diff"] if diff else None, "diff_file": DIFF_FILE if diff else None,
+               "attempts": saved}
     return _write(folder, report, section)
 
 

@@ -207,17 +207,21 @@ def triage(bug: str = typer.Argument(..., help="a bug's signature (cdeepfuzz bug
 
 
 @app.command()
-def fix(folder: Path = typer.Argument(..., help="a finding folder"),
+def fix(folder: Path = typer.Argument(..., help="a finding folder, or its finding.json"),
         budget: int = typer.Option(200, "--budget", min=1, help="search steps per suspect op of the guarded program"),
         trust: bool = typer.Option(False, "--trust", help="run a factory outside the current directory tree"),
-        device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto")) -> None:
-    """Suggest a guard for a finding and verify it by searching the guarded program; exit 0 if verified."""
+        device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto"),
+        tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri",
+                                                   help="MLflow tracking URI (else the finding's run's own, else "
+                                                        "MLFLOW_TRACKING_URI)")) -> None:
+    """Suggest a guard for a finding, verify it forward and backward by searching the guarded program, print
+    it as a patch of the source line and record the verdict in finding.json and MLflow; exit 0 if verified."""
     from fuzz_core.findings import FindingError
     from orchestrator.commands.fix import fix as suggest
     from orchestrator.commands.replay import ReplayError, TargetBroken
 
     try:
-        section = suggest(folder, budget, trust, device)
+        section = suggest(folder, budget, trust, device, tracking_uri)
     except (FindingError, ReplayError) as exc:
         _fail(str(exc))
     except TargetBroken as exc:
@@ -227,8 +231,13 @@ def fix(folder: Path = typer.Argument(..., help="a finding folder"),
         residual = attempt.get("residual") or {}
         typer.echo(f"  - {attempt['guard']['description']}: {attempt['status']} ({attempt['steps']} steps)"
                    + (f": {residual.get('explanation')}" if residual else ""))
-    if section.get("recommended"):
-        typer.echo(f"guard: {section['recommended']['code']}")
+    if section.get("diff"):
+        typer.echo(section["diff"].rstrip("\n"))
+    elif section.get("recommended"):
+        typer.echo(f"guard (write it at {section['location']}): {section['recommended']['code']}")
+    mlflow = section.get("mlflow") or {}
+    if mlflow.get("message"):
+        typer.echo(mlflow["message"])
     raise typer.Exit(0 if section["status"] == "verified" else 1)
 
 

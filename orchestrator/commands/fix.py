@@ -1,5 +1,14 @@
 """``cdeepfuzz fix FINDING``: suggest a guard at the op and verify it by searching the guarded program.
 
+``FINDING`` is a finding folder or one of its files (``finding.json``), resolved as ``replay``
+resolves it. The verdict is written into ``finding.json`` (section ``fix``; the recommended guard
+as a patch in ``fix.diff``) and recorded on the finding's MLflow run, beside the finding: tags
+``fix.verdict``, ``fix.guard``, ``fix.message``, ``fix.steps`` and the artifacts
+``finding/finding.json`` and ``finding/fix.diff``. The tracking store is found as every command
+finds it (:func:`orchestrator.config.resolve_tracking_uri`: ``--tracking-uri``, the run's own,
+``MLFLOW_TRACKING_URI``); when none is reachable, one line says so and ``finding.json`` still
+holds the verdict.
+
 Exit codes as ``replay``: 0 verified, 1 not, 2 usage, 3 the target could not be built or its program
 raised (the same line as ``cdeepfuzz run``), 5 an internal error of CDeepFuzz."""
 from __future__ import annotations
@@ -7,25 +16,131 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+MAX_TAG = 5000      # MLflow's limit on a tag value (older servers)
 
-def fix(folder: Path, budget: int, trust: bool = False, device: str = "cpu") -> dict[str, Any]:
-    """The ``fix`` section written into the finding (FindingError/ReplayError for usage, TargetBroken)."""
+
+def fix(folder: Path, budget: int, trust: bool = False, device: str = "cpu",
+        tracking_uri: str | None = None) -> dict[str, Any]:
+    """The ``fix`` section written into the finding, with ``mlflow``: where the verdict was recorded
+    (FindingError/ReplayError for usage, TargetBroken)."""
     from fuzz_core.backends.base import RunnerOptions
     from fuzz_core.engine import TargetSpec
-    from fuzz_core.findings import load_finding
+    from fuzz_core.findings import FindingError, load_finding
     from fuzz_core.fixes import suggest_and_verify
-    from orchestrator.commands.replay import TargetBroken, build_target, check_entry_exists, check_trusted
+    from orchestrator.commands.replay import (ReplayError, TargetBroken, build_target, check_entry_exists,
+                                              check_trusted, finding_folder)
     from orchestrator.run.failures import from_exception
 
-    report = load_finding(folder).report
+    folder = finding_folder(folder)
+    try:
+        report = load_finding(folder).report
+    except FindingError as exc:
+        raise ReplayError(str(exc)) from None
     entry = str(report["target"].get("entry", ""))
-    check_trusted(entry, trust)
-    check_entry_exists(entry, folder)
     runner = None
     if (report["target"].get("framework") or "torch") == "torch":
+        check_trusted(entry, trust)
+        check_entry_exists(entry, folder)
         runner = build_target(TargetSpec.from_dict(report["target"]),
                               RunnerOptions(device=device, search_weights=report.get("trigger") == "weights"))
     try:
-        return suggest_and_verify(folder, budget, device=device, runner=runner)
+        section = suggest_and_verify(folder, budget, device=device, runner=runner)
     except Exception as exc:  # noqa: BLE001 - the program raised under the guard, or CDeepFuzz did
         raise TargetBroken(str(report["target"].get("name", "")), from_exception(exc)) from None
+    section["mlflow"] = record(folder, section, tracking_uri)
+    _update(folder, section)
+    return section
+
+
+def _update(folder: Path, section: dict[str, Any]) -> None:
+    from fuzz_core.findings import REPORT
+    from fuzz_core.io import atomic_write_json, read_json
+
+    report = read_json(folder / REPORT)
+    report["fix"] = section
+    atomic_write_json(folder / REPORT, report)
+
+
+def record(folder: Path, section: dict[str, Any], tracking_uri: str | None = None) -> dict[str, Any]:
+    """Tag the finding's MLflow run with the verdict and log ``finding.json`` and ``fix.diff`` beside the
+    finding's artifacts. Returns ``{"recorded", "uri", "run_id", "message"}``; ``message`` is the one
+    line to print, recorded or not (never raises: the verdict is in ``finding.json`` either way)."""
+    from fuzz_core.findings import REPORT
+    from fuzz_core.fixes import DIFF_FILE
+    from fuzz_core.io import read_json
+    from orchestrator.config import resolve_tracking_uri
+
+    folder = Path(folder)
+    run_dir = folder.parent.parent if folder.parent.name == "findings" else None
+    uri = resolve_tracking_uri(tracking_uri, run_dir=run_dir)
+    out: dict[str, Any] = {"recorded": False, "uri": uri, "run_id": None}
+
+    def said(message: str) -> dict[str, Any]:
+        return {**out, "message": f"MLflow: {message}"}
+
+    summary: dict[str, Any] = {}
+    if run_dir is not None:
+        try:
+            summary = read_json(run_dir / "summary.json")
+        except (OSError, ValueError):
+            summary = {}
+    site = _site_of(folder, run_dir, summary)
+    run = summary.get("run") if isinstance(summary.get("run"), dict) else {}
+    if not uri:
+        return said("not recorded: no tracking store (the finding's run had tracking off; give --tracking-uri "
+                    "or MLFLOW_TRACKING_URI); the verdict is in finding.json")
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        return said(f"not recorded: the tracking store {uri} is not reachable (no such file); the verdict is in "
+                    f"finding.json")
+    try:
+        from orchestrator.observers.tracking_sender import _make_client
+
+        client = _make_client(uri)
+        rid = (site or {}).get("mlflow_run_id") or _search_run(client, run.get("mlflow_run_id"), folder)
+        if rid is None:
+            return said(f"not recorded: no MLflow run of this finding in {uri} (the finding's run tracked no "
+                        f"run for it); the verdict is in finding.json")
+        out["run_id"] = rid
+        from mlflow.entities import RunTag
+
+        rec = section.get("recommended") or {}
+        tags = {"fix.verdict": section.get("status", ""), "fix.guard": rec.get("code") or "none",
+                "fix.description": rec.get("description") or "none", "fix.message": section.get("message", ""),
+                "fix.steps": str((section.get("checked") or {}).get("steps") or 0),
+                "fix.budget": str(section.get("budget", "")), "fix.created": section.get("created", "")}
+        client.log_batch(rid, tags=[RunTag(k, str(v)[:MAX_TAG]) for k, v in tags.items()])
+        for name in (REPORT, DIFF_FILE):
+            if (folder / name).is_file():
+                client.log_artifact(rid, str(folder / name), artifact_path="finding")
+    except Exception as exc:  # noqa: BLE001 - MLflow raises its own exception types; the store is down
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        return said(f"not recorded: the tracking store {uri} is not reachable ({first}); the verdict is in "
+                    f"finding.json")
+    out["recorded"] = True
+    return said(f"fix.verdict={section.get('status')} recorded on run {rid} ({uri})")
+
+
+def _site_of(folder: Path, run_dir: Path | None, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The summary's site whose finding is this folder."""
+    if run_dir is None or not isinstance(summary.get("sites"), list):
+        return None
+    here = folder.resolve()
+    for site in summary["sites"]:
+        if isinstance(site, dict) and site.get("finding") and (run_dir / site["finding"]).resolve() == here:
+            return site
+    return None
+
+
+def _search_run(client, parent: str | None, folder: Path) -> str | None:
+    """A campaign above ``tracking.max_site_runs`` sites has one run per finding (not per site), whose id
+    the summary does not keep: the child of the campaign's run with the finding's ``site.id``."""
+    from fuzz_core.findings import load_finding
+
+    if not parent:
+        return None
+    site_id = load_finding(folder).site.id.replace("'", "")
+    experiment = client.get_run(parent).info.experiment_id
+    runs = client.search_runs([experiment], filter_string=f"tags.`site.id` = '{site_id}' and "
+                                                          f"tags.`mlflow.parentRunId` = '{parent}'", max_results=5)
+    runs = [r for r in runs if r.data.tags.get("signature")] or runs
+    return runs[0].info.run_id if runs else None
