@@ -202,7 +202,7 @@ def find_browser() -> tuple[str | None, str]:
     """A headless-capable Chromium: its path, or None and why not."""
     env = os.environ.get("CDEEPFUZZ_BROWSER")
     if env:
-        return (env, "") if shutil.which(env) or Path(env).is_file() else (None, f"CDEEPFUZZ_BROWSER={env}: not found")
+        return (env, "") if shutil.which(env) or Path(env).is_file() else (None, f"no headless browser: CDEEPFUZZ_BROWSER={env} is not found")
     for name in BROWSERS:
         path = shutil.which(name)
         if path:

@@ -72,25 +72,47 @@ def test_the_same_bugs_found_by_two_campaign_runs_are_one_bug_each(two_runs):
     assert res.exit_code == 0, res.output
 
 
-class _Assets(HTMLParser):
+class _Page(HTMLParser):
+    """The links, scripts, ids, images and text of a page."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.imgs: list[str] = []
         self.links: list[str] = []
+        self.scripts: list[str] = []
+        self.inline_js = 0
+        self.imgs: list[str] = []
         self.ids: list[str] = []
-        self.rows = 0
+        self.hosts: list[str] = []
+        self.text: list[str] = []
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
+        if tag in ("a", "link"):
+            self.links.append(a.get("href") or "")
+        if tag == "script":
+            if a.get("src"):
+                self.scripts.append(a["src"])
+            elif a.get("type") != "application/json":
+                self.inline_js += 1
         if tag == "img":
-            self.imgs.append(a["src"])
-        if tag in ("a", "link", "script"):
-            self.links.append(a.get("href") or a.get("src") or "")
+            self.imgs.append(a.get("src") or "")
         if "id" in a:
             self.ids.append(a["id"])
+        if a.get("data-site"):
+            self.hosts.append(a["data-site"])
+
+    def handle_data(self, data):
+        self.text.append(data)
 
 
-def test_report_renders_offline_with_a_chart_per_site(two_runs):
+def parse(path: Path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    page.close()
+    return page
+
+
+def test_report_renders_offline_with_a_page_per_finding(two_runs):
     output, outcomes = two_runs
     rebuild_index(output)
     res = CliRunner().invoke(app, ["report", str(output)])      # an output folder: its newest run
@@ -99,37 +121,63 @@ def test_report_renders_offline_with_a_chart_per_site(two_runs):
     page = newest / "report" / "index.html"
     assert str(page) in res.output and not (outcomes[0].run_dir / "report").exists()
     text = page.read_text()
-    parser = _Assets()
-    parser.feed(text)
-    parser.close()
+    index = parse(page)
+    assert index.scripts == [] and index.inline_js >= 2            # the chart script is inlined
+    for src in index.links + index.imgs:
+        assert not src.startswith(("http:", "https:", "//")), src
     summary = json.loads(Path(outcomes[-1].summary).read_text())
     sites = summary["sites"]
-    charts = [f"loss-{s['id']}.png" for s in sites]
-    assert set(charts) <= set(parser.imgs) and "allocation.png" in parser.imgs
-    for src in parser.imgs + parser.links:
-        assert not src.startswith(("http:", "https:", "//")), src
-    for src in parser.imgs:
-        png = page.parent / src
-        assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    order = [i[len("site-"):] for i in parser.ids if i.startswith("site-")]
+    order = [i[len("site-"):] for i in index.ids if i.startswith("site-")]
     found = [s["id"] for s in sites if s["status"] == "found"]
-    assert order[:len(found)] == sorted(found, key=order.index) and set(order[:len(found)]) == set(found)
+    assert set(order) == {s["id"] for s in sites}                   # a loss curve per site
+    assert set(order[:len(found)]) == set(found)                    # found sites first
+    assert set(index.hosts) == {s["id"] for s in sites if s["steps"]}
+    for t in summary["targets"]:
+        assert t["name"] in text
     for s in sites:
-        if s["finding"]:
-            report = json.loads((newest / s["finding"] / "finding.json").read_text())
-            assert report["replay"] in text and report["signature"] in text
+        if not s["finding"]:
+            assert (s.get("reach") or {}).get("message", "") in "".join(index.text)
+            continue
+        report = json.loads((newest / s["finding"] / "finding.json").read_text())
+        assert report["signature"] in text
+        href = f"findings/{Path(s['finding']).name}.html"
+        assert href in index.links
+        finding_page = page.parent / href
+        fp = parse(finding_page)
+        body = "".join(fp.text)
+        assert report["replay"] in body and report["first_op"]["op"] in body and s["label"] in body
+        line = int(s["location"].rsplit(":", 1)[1])
+        source = (Path.cwd() / s["location"].rsplit(":", 1)[0]).read_text().splitlines()[line - 1]
+        assert source in body                                       # the source line, from the repo
+        assert "input x" in body.replace("\n", " ")
+        for link in fp.links:
+            if not link.startswith("#"):
+                assert (finding_page.parent / link.split("#")[0]).exists(), link
+        assert fp.scripts == []
     import re
 
     assert any(int(n) >= 2 for n in re.findall(r"(\d+) occurrence\(s\)", text))
     db = BugDatabase(output)
     mine = [b for b in db.bugs() if b["best"]["run"] == newest.name]
-    assert text.count("this is the smallest reproducer") == len(mine)
+    pages = "".join((page.parent / "findings" / f"{Path(s['finding']).name}.html").read_text()
+                    for s in sites if s["finding"])
+    assert pages.count("this is the smallest reproducer") == len(mine)
+    for f in [page, *(page.parent / "findings").glob("*.html")]:
+        assert f.stat().st_mode & 0o777 == 0o666 & ~_umask(), f
     # a run folder directly, and every run with --all
     assert write_reports(outcomes[0].run_dir) == [outcomes[0].run_dir / "report" / "index.html"]
     res = CliRunner().invoke(app, ["report", str(output), "--all"])
     assert res.exit_code == 0, res.output
     index = (output / "report" / "index.html").read_text()
     assert all(f"../{o.run_dir.name}/report/index.html" in index for o in outcomes)
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def test_report_of_a_folder_without_runs_is_a_usage_error(tmp_path: Path):

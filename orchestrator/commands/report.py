@@ -515,8 +515,8 @@ def render_index(data: RunData, sites: list[dict[str, Any]], pages: dict[str, st
              f"<p class='small muted'>{len(sites)} site(s), found first, then the closest. Each chart is drawn "
              f"when it scrolls into view; long traces are shown with at most {per_site} points (the lowest and "
              f"highest loss of each stretch, and the events).</p>",
-             "<div class='filters'><label>filter <input id='site-filter' type='search' placeholder='label, status, hazard'>"
-             f"</label><label>status <select id='status-filter'><option value=''>any</option>{options}</select></label></div>",
+             "<div class='filters'><label>filter <input id='filter-text' type='search' placeholder='label, status, hazard'>"
+             f"</label><label>status <select id='filter-status'><option value=''>any</option>{options}</select></label></div>",
              _site_cards(data, sites, pages),
              "<h2>Sites</h2>", _sites_table(sites, pages),
              _data_script(series, charts)]

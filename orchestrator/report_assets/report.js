@@ -19,7 +19,7 @@
               xlabel: c.xlabel, ylabel: c.ylabel, xname: c.xname, yname: "steps", height: 300};
     });
   }
-  var text = document.getElementById("site-filter"), status = document.getElementById("status-filter");
+  var text = document.getElementById("filter-text"), status = document.getElementById("filter-status");
   function filter() {
     var q = (text && text.value || "").toLowerCase(), st = status && status.value || "";
     document.querySelectorAll("[data-filter]").forEach(function (el) {
