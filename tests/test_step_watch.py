@@ -204,3 +204,43 @@ def test_a_site_out_of_reach_says_where_its_nearest_trigger_lies():
     assert out["input"] == "x" and out["value"] <= -52.0 and out["bounds"] == [-31.0, 31.0]
     assert reach["message"].startswith("would trigger if x[") and "bounds are [-31, 31]" in reach["message"]
     assert res.steps == 30, "the probe's steps are not the site's"
+
+
+# -- the cheap checks of a step ---------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, None])
+def test_the_step_checks_see_every_nonfinite_value_and_no_other(dtype, bad):
+    """The update/gradient check (a sum first, settled by both ends) and the input check of a
+    searched call (both ends) find inf, -inf and NaN in any float dtype, and pass finite values,
+    among them finite values whose sum overflows the dtype (a false alarm of the sum alone)."""
+    from fuzz_core.backends.torch import _maybe_nonfinite, _nonfinite
+    from fuzz_core.backends.torch_recorder import _all_finite, any_nonfinite
+
+    big = torch.finfo(dtype).max / 2
+    tensors = [torch.ones(3, dtype=dtype), torch.full((64,), big, dtype=dtype), torch.empty(0, dtype=dtype)]
+    if bad is not None:
+        tensors[0][1] = bad
+    expected = bad is not None
+    assert bool(_nonfinite(tensors)) is expected
+    assert bool(_maybe_nonfinite(tensors)) or not expected     # only False is conclusive
+    assert bool(_maybe_nonfinite(tensors[:1])) is expected
+    if dtype in (torch.float32, torch.float64):                # a sum past the range: a false alarm
+        assert bool(_maybe_nonfinite(tensors[1:])) and not bool(_nonfinite(tensors[1:]))
+    assert bool(_all_finite(tensors)) is not expected
+    assert bool(any_nonfinite(tensors)) is expected
+
+
+def test_a_nan_made_inside_ops_that_cannot_make_one_is_named_by_the_op_that_made_it():
+    """relu and reshapes are not checked for NaN (they cannot make one); the NaN they carry is
+    named by the op before them, and a NaN made by ``0 * inf`` after a relu by the ``mul``."""
+    def first(program, x):
+        target = Target(program=program, sample=lambda rng: {"x": x}, search=["x"], bounds={"x": (-1e30, 1e30)})
+        runner = TorchRunner("t", target)
+        return runner.check({"x": x}, seed=0).first_op
+
+    x = np.array([1.0, -2.0, 3.0], dtype=np.float32)
+    op = first(lambda b: torch.relu((b["x"] - b["x"]) * float("inf")).reshape(3, 1).sum(), x)
+    assert op is not None and op.op == "mul", op
+    op = first(lambda b: (torch.relu(b["x"]) * torch.tensor([1.0, float("inf"), 1.0])).reshape(-1).sum(), x)
+    assert op is not None and op.op == "mul", op
