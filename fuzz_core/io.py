@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import tempfile
@@ -12,15 +13,26 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 
+@functools.lru_cache(maxsize=1)
+def file_mode() -> int:
+    """The mode of a file the user makes (0666 less the umask), read once: ``os.umask`` can only be
+    read by setting it, which must not happen while other threads create files."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextlib.contextmanager
 def _replacing(path: Path) -> Iterator[tuple[int, str]]:
     """A temp file beside ``path`` (its fd, its name) that replaces ``path`` when the block ends,
-    and is removed when it raises."""
+    and is removed when it raises. The file gets the mode any file the user makes gets (a temp
+    file is 0600: findings and reports must be readable by whoever the user shares them with)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         yield fd, tmp
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -31,7 +31,6 @@ import math
 import os
 import re
 import struct
-import tempfile
 import zlib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -41,7 +40,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from fuzz_core.io import load_arrays, read_json
+from fuzz_core.io import atomic_write_bytes, load_arrays, read_json
 from orchestrator.observers.summary import FILENAME as SUMMARY
 
 log = logging.getLogger(__name__)
@@ -742,26 +741,9 @@ def render_finding(data: RunData, site: dict[str, Any], report: dict[str, Any], 
 
 
 # -- writing ----------------------------------------------------------------------------------------------
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def write_text(path: Path, text: str) -> None:
     """Write atomically, readable by others as any file the user makes (0666 less the umask)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode("utf-8"))
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def finding_page_name(site: dict[str, Any]) -> str:
