@@ -268,45 +268,87 @@ def _transform(g: Guard, x):
 def _backward_check(g: Guard, func, args, kwargs) -> dict[str, Any] | None:
     """The guarded call's own gradient, on copies of its inputs, with every mode off (the
     recorder sees none of it): ``d(guarded op)/d(input)`` for each floating-point tensor input,
-    upstream gradient one. What went non-finite from finite inputs and a finite output (the
+    upstream gradient one, at the call's own inputs and then with the guarded input at each bound
+    of the guard (where the guarded op's derivative is largest: a clamp lets values through up to
+    its bound, and the search cannot reach them when the reproducer sits in the clamped region,
+    whose gradient is zero). What went non-finite from finite inputs and a finite output (the
     input value where it did, the gradient there), else None. A guard that keeps the forward
     finite can still leave an infinite derivative (``rsqrt`` of an input clamped at tiny:
-    ``-0.5 * tiny ** -1.5`` overflows), which training through the op turns into NaN weights.
-    A stable rewrite (``log_softmax``, ``logsigmoid``) is not checked here: it has a finite
-    gradient everywhere by construction."""
+    ``-0.5 * x ** -1.5`` overflows for every x below 2e-26), which training through the op turns
+    into NaN weights. A stable rewrite (``log_softmax``, ``logsigmoid``) is not checked here: it
+    has a finite gradient everywhere by construction."""
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
     if g.name == "stable_log":
         return None
-    idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
-    if not idx:
-        return None
     try:
         with torch._C.DisableTorchFunction(), _disable_current_modes(), torch.inference_mode(False), \
                 torch.enable_grad():
-            leaves = [args[i].detach().clone().requires_grad_(True) for i in idx]
-            if not all(bool(torch.isfinite(x).all()) for x in leaves):
-                return None                  # a non-finite input: an earlier op's event, not the guard's
-            work = list(args)
-            for i, x in zip(idx, leaves):
-                work[i] = x.clone()          # an in-place op writes a copy, never the leaf
-            out = _apply(g, func, tuple(work), {k: v for k, v in kwargs.items() if k != "out"})
-            if not (isinstance(out, torch.Tensor) and out.requires_grad and bool(torch.isfinite(out).all())):
-                return None                  # a non-finite output is the forward check's to report
-            grads = torch.autograd.grad(out, leaves, grad_outputs=torch.ones_like(out), allow_unused=True)
+            bad = _gradient(g, func, args, kwargs, None)
+            i = 1 if g.op in _DIVISOR_SECOND else 0
+            x = args[i] if len(args) > i else None
+            if bad is None and isinstance(x, torch.Tensor) and x.is_floating_point():
+                for bound in _bounds(g, x):
+                    bad = _gradient(g, func, args, kwargs, (i, bound))
+                    if bad is not None:
+                        break
     except Exception:  # noqa: BLE001 - a call the copy cannot redo (a view written in place, ...): unchecked
         return None
+    return bad
+
+
+def _bounds(g: Guard, x) -> list:
+    """The values the guard lets through that are nearest the op's pole: each bound, and the next
+    value inside it (a clamp's gradient mask may or may not include the bound itself)."""
+    import torch
+
+    p, inf = g.params, float("inf")
+    edges = {"clamp_min": [(p.get("lo"), inf)], "clamp_max": [(p.get("hi"), -inf)],
+             "clamp": [(p.get("lo"), inf), (p.get("hi"), -inf)],
+             "abs_min": [(p.get("eps"), inf), (-p.get("eps", 0.0), -inf)]}.get(g.name, [])
+    out = []
+    for value, inward in edges:
+        if value is None:
+            continue
+        v = torch.full_like(x.detach(), value)
+        out += [v, torch.nextafter(v, torch.full_like(v, inward))]
+    return out
+
+
+def _gradient(g: Guard, func, args, kwargs, at: tuple[int, Any] | None) -> dict[str, Any] | None:
+    """One check of :func:`_backward_check` (modes already off): at the call's inputs, or with input
+    ``at[0]`` replaced by the tensor ``at[1]``."""
+    import torch
+
+    args = list(args)
+    if at is not None:
+        args[at[0]] = at[1]
+    idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    if not idx:
+        return None
+    leaves = [args[i].detach().clone().requires_grad_(True) for i in idx]
+    if not all(bool(torch.isfinite(x).all()) for x in leaves):
+        return None                          # a non-finite input: an earlier op's event, not the guard's
+    work = list(args)
+    for i, x in zip(idx, leaves):
+        work[i] = x.clone()                  # an in-place op writes a copy, never the leaf
+    out = _apply(g, func, tuple(work), {k: v for k, v in kwargs.items() if k != "out"})
+    if not (isinstance(out, torch.Tensor) and out.requires_grad and bool(torch.isfinite(out).all())):
+        return None                          # a non-finite output is the forward check's to report
+    grads = torch.autograd.grad(out, leaves, grad_outputs=torch.ones_like(out), allow_unused=True)
     for i, x, gr in zip(idx, leaves, grads):
         if gr is None or bool(torch.isfinite(gr).all()):
             continue
         bad = ~torch.isfinite(gr.reshape(-1))      # a gradient has its input's shape
         k = int(bad.nonzero()[0])
-        xv, gv = x.detach().reshape(-1)[k], gr.reshape(-1)[k]
+        xv, gv = float(x.detach().reshape(-1)[k]), float(gr.reshape(-1)[k])
+        where = (f"at the guard's bound, input {at[0]} = {xv:.8g}" if at is not None and i == at[0]
+                 else f"at input {xv:.8g}")
         return {"op": g.op, "function": getattr(func, "__name__", g.op), "location": g.location, "argument": i,
-                "input": float(xv), "gradient": float(gv), "count": int(bad.sum()),
-                "explanation": f"non-finite gradient through the guard: d {g.op}/d argument {i} = {float(gv):g} "
-                               f"at input {float(xv):.8g} ({g.op} at {g.location}; the forward value is finite)"}
+                "input": xv, "gradient": gv, "count": int(bad.sum()), "at_bound": at is not None,
+                "explanation": f"non-finite gradient through the guard: d {g.op}/d input {i} = {gv:g} {where} "
+                               f"({g.op} at {g.location}; its forward value is finite)"}
     return None
 
 
@@ -748,7 +790,8 @@ def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET,
         if attempt.status == "verified":
             break
     good = next((a for a in attempts if a.status == "verified"), None)
-    replayed = "replayed the finding's input under the guard: finite forward and backward"
+    replayed = ("replayed the finding's input under the guard: finite forward and backward (the guarded op's "
+                "gradient also at the guard's bounds)")
     if good is not None and not good.sites:
         message = (f"verified ({good.guard.description}): {replayed}; the guarded program has no suspect op "
                    f"left to search (0 steps searched)")
