@@ -7,7 +7,7 @@ that keeps the op in its domain, then one with a margin): ``log`` of a ``softmax
 ``rsqrt``, ``xlogy`` clamp their input to >= tiny (then >= eps), ``div`` / ``reciprocal`` /
 ``remainder`` keep ``|divisor| >= eps`` with the divisor's sign, ``sqrt`` clamps to >= 0 (then
 eps), ``exp`` to <= ln(max) (then ln(max) - ln(2**20)), ``acos`` / ``asin`` into [-1, 1],
-``atanh`` / ``erfinv`` into (-1, 1), ``acosh`` to >= 1, ``pow`` its base to >= 0 (>= tiny for
+``atanh`` / ``erfinv`` into (-1, 1), ``acosh`` to >= 1 (then 1 + eps), ``pow`` its base to >= 0 (>= tiny for
 a negative exponent), ``logit`` / ``ndtri`` into (0, 1). Poles (``lgamma``, ``digamma``) get none.
 
 A guard is applied above autograd by a ``torch.overrides.TorchFunctionMode`` that intercepts
@@ -156,7 +156,8 @@ def suggest(op: str, location: str, probe: dict[str, Any]) -> list[Guard]:
     elif op in ("atanh", "erfinv"):
         guards.append(clamp("clamp", "clamp the input into [-1 + eps, 1 - eps]", lo=-1 + eps, hi=1 - eps))
     elif op == "acosh":
-        guards.append(clamp("clamp_min", "clamp the input to >= 1", lo=1.0))
+        guards += [clamp("clamp_min", "clamp the input to >= 1", lo=1.0),           # d acosh/dx is inf at 1
+                   clamp("clamp_min", "clamp the input to >= 1 + eps", lo=1 + eps)]
     elif op in ("logit", "ndtri"):
         guards += [clamp("clamp", "clamp the input into [tiny, 1 - eps]", lo=tiny, hi=1 - eps),
                    clamp("clamp", "clamp the input into [eps, 1 - eps]", lo=eps, hi=1 - eps)]
@@ -522,7 +523,8 @@ def _residual(searched: str, check, step: int, values: dict, state: dict | None,
         first = {"op": grad["op"], "kind": f"{grad['function']} (backward)", "location": grad["location"],
                  "occurrence": 0, "nan": False}
         return {"searched": searched, "first_op": first, "step": step, "phase": "backward",
-                "weights_nonfinite": False, "gradient": {k: grad[k] for k in ("argument", "input", "gradient", "count")},
+                "weights_nonfinite": False,
+                "gradient": {k: grad[k] for k in ("argument", "input", "gradient", "count")},
                 "explanation": grad["explanation"], "_values": values, "_state": state}
     first = check.first_op.to_dict() if check.first_op else None
     weights_bad = bool(state) and any(
@@ -743,7 +745,8 @@ TF_HINTS = {
     "div": "a / tf.where(tf.abs(b) < eps, tf.where(b < 0, -eps, eps), b)",
     "reciprocal": "1 / tf.where(tf.abs(x) < eps, tf.where(x < 0, -eps, eps), x)",
     "exp": "tf.exp(tf.minimum(x, math.log(dtype_max) - 20 * math.log(2.0)))",
-    "acos": "tf.acos(tf.clip_by_value(x, -1 + eps, 1 - eps))", "asin": "tf.asin(tf.clip_by_value(x, -1 + eps, 1 - eps))",
+    "acos": "tf.acos(tf.clip_by_value(x, -1 + eps, 1 - eps))",
+    "asin": "tf.asin(tf.clip_by_value(x, -1 + eps, 1 - eps))",
     "atanh": "tf.atanh(tf.clip_by_value(x, -1 + eps, 1 - eps))", "acosh": "tf.acosh(tf.maximum(x, 1 + eps))",
     "pow": "tf.pow(tf.maximum(x, eps), e)",
 }

@@ -97,7 +97,8 @@ def test_the_rsqrt_finding_tiny_guard_is_not_sufficient_backward_eps_is_verified
     assert tiny["guard"]["params"]["lo"] == pytest.approx(TINY) and tiny["status"] == "not sufficient"
     res = tiny["residual"]
     assert res["phase"] == "backward" and res["explanation"].startswith(
-        "non-finite gradient through the guard: d rsqrt/d input 0 = -inf at the guard's bound, input 0 = 1.1754944e-38"), res
+        "non-finite gradient through the guard: d rsqrt/d input 0 = -inf at the guard's bound, "
+        "input 0 = 1.1754944e-38"), res
     assert res["first_op"]["op"] == "rsqrt" and res["first_op"]["location"] == f"{HERE}:{RSQRT_LINE}"
     assert (finding / res["values"]).is_file()
     assert eps["status"] == "verified" and fix["status"] == "verified"

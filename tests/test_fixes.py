@@ -99,6 +99,7 @@ def test_suggestions_follow_the_op_and_its_inputs():
     assert names("div")[0][0] == "abs_min" and names("exp")[0][1]["hi"] < 88.73
     assert names("pow", {"exponent": -0.5})[0][1]["lo"] > 0 and names("pow", {"exponent": 0.5})[0][1]["lo"] == 0
     assert names("acos")[0][1] == {"lo": -1.0, "hi": 1.0}
+    assert [p["lo"] for _, p in names("acosh")] == [1.0, 1.0 + float(torch.finfo(torch.float32).eps)]
     assert names("lgamma") == []
     assert "clamp_min" in suggest("log", "f.py:1", {})[0].code
 

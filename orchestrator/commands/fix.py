@@ -86,6 +86,9 @@ def record(folder: Path, section: dict[str, Any], tracking_uri: str | None = Non
             summary = {}
     site = _site_of(folder, run_dir, summary)
     run = summary.get("run") if isinstance(summary.get("run"), dict) else {}
+    if not summary:
+        return said("not recorded: the finding is not in a run folder with a summary.json (<run>/findings/<name>), "
+                    "so it has no MLflow run; the verdict is in finding.json")
     if not uri:
         return said("not recorded: no tracking store (the finding's run had tracking off; give --tracking-uri "
                     "or MLFLOW_TRACKING_URI); the verdict is in finding.json")
