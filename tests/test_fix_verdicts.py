@@ -47,10 +47,8 @@ def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           timeout=600, env=env, cwd=cwd)
 
 
-@pytest.fixture(scope="module")
-def campaign(tmp_path_factory) -> tuple[Path, str]:
+def _campaign(tmp: Path, extra: str = "") -> tuple[Path, str]:
     """One campaign over the rsqrt program, tracked in a SQLite MLflow store: (finding folder, its URI)."""
-    tmp = tmp_path_factory.mktemp("fixrun")
     path = tmp / "fx.yaml"
     path.write_text(textwrap.dedent(f"""\
         name: fx
@@ -61,11 +59,16 @@ def campaign(tmp_path_factory) -> tuple[Path, str]:
         resources: {{num_actors: 0}}
         device: cpu
         output: {tmp / 'out'}
-        """))
+        """) + extra)
     done = _cli("run", "--plain", str(path))
     assert done.returncode == 1, done.stderr[-3000:]
     (finding,) = (tmp / "out").glob("fx-*/findings/*")
     return finding, "sqlite:///" + (tmp / "out" / "mlflow.db").as_posix()
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory) -> tuple[Path, str]:
+    return _campaign(tmp_path_factory.mktemp("fixrun"))
 
 
 def _fix(finding: Path, *extra: str):
@@ -110,6 +113,7 @@ def test_the_rsqrt_finding_tiny_guard_is_not_sufficient_backward_eps_is_verified
 
 
 # -- the patch, the path, MLflow ------------------------------------------------------------------------------
+@pytest.mark.mlflow
 def test_fix_of_finding_json_prints_the_patch_and_records_the_verdict_in_mlflow(campaign, monkeypatch):
     from mlflow.tracking import MlflowClient
 
@@ -141,6 +145,23 @@ def test_fix_of_finding_json_prints_the_patch_and_records_the_verdict_in_mlflow(
     assert tags["fix.message"] == report["fix"]["message"] and int(tags["fix.steps"]) > 0
     assert tags["finding.folder"]                                  # the finding's own run, beside the finding
     assert {a.path for a in client.list_artifacts(rid, "finding")} >= {"finding/fix.diff", "finding/finding.json"}
+
+
+@pytest.mark.mlflow
+def test_a_campaign_with_one_run_per_finding_gets_the_verdict_on_that_run(tmp_path, monkeypatch):
+    """Above tracking.max_site_runs a finding has its own run, whose id summary.json does not keep."""
+    from mlflow.tracking import MlflowClient
+
+    finding, uri = _campaign(tmp_path, "tracking: {max_site_runs: 0}\n")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    summary = json.loads((finding.parent.parent / "summary.json").read_text())
+    assert [s["mlflow_run_id"] for s in summary["sites"]] == [None]
+    res = _fix(finding, str(finding))
+    assert res.exit_code == 0, res.output
+    rid = json.loads((finding / "finding.json").read_text())["fix"]["mlflow"]["run_id"]
+    run = MlflowClient(uri).get_run(rid)
+    assert run.data.tags["fix.verdict"] == "verified" and run.data.tags["signature"]
+    assert run.data.tags["mlflow.parentRunId"] == summary["run"]["mlflow_run_id"]
 
 
 def test_an_unreachable_store_is_one_line_and_finding_json_still_has_the_verdict(campaign, tmp_path):
