@@ -795,6 +795,9 @@ def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET,
     good = next((a for a in attempts if a.status == "verified"), None)
     replayed = ("replayed the finding's input under the guard: finite forward and backward (the guarded op's "
                 "gradient also at the guard's bounds)")
+    if good is not None and good.guard.name == "stable_log":
+        replayed = ("replayed the finding's input under the rewrite: finite forward (log_softmax and logsigmoid "
+                    "have a finite gradient everywhere)")
     if good is not None and not good.sites:
         message = (f"verified ({good.guard.description}): {replayed}; the guarded program has no suspect op "
                    f"left to search (0 steps searched)")
