@@ -47,6 +47,11 @@ REFRESH_FRACTION = 0.25
 # jitter first (near a rounding-decided edge it is the cheapest win) and drawn again at the end:
 # each draw is a new ticket in the rounding lottery
 MUTATIONS = ("jitter", "zero", "copy", "flat", "low", "high", "one", "minus_one", "jitter", "jitter", "jitter")
+# tried at the first point, after the first gradient step, where the edge is a point that the
+# search must land on exactly (a zero divisor; a backward hazard: the sqrt of a variance at exactly
+# 0): a margin such as a variance only reaches 0 when values are exactly equal, which gradient
+# steps approach and never reach (in float32 a variance stops near 1e-14, not at 0)
+EARLY_MUTATIONS = ("zero", "flat")
 MULT_MIN, MULT_MAX = 0.1, 8.0   # bounds of the input-space step multiplier
 JITTER = 1e-6            # relative size of the rounding-lottery perturbation
 QN_MEMORY = 8            # curvature pairs kept by the quasi-Newton (L-BFGS) proposal
@@ -140,15 +145,16 @@ class Adaptive(Strategy):
         if ev.seen:
             s.values, s.cache["current"] = x_new, ev
             st["tried"] = 0
+            st["points"] = st.get("points", 0) + 1
 
     def _accept(self, s, values: dict, ev: Evaluation, label: str) -> None:
         st = s.strategy_state
         cur = s.cache.get("current")
         if cur is not None and label in ("linear", "crossing", "retry"):
             st["mult"] = adapt_multiplier(st.get("mult", 1.0), label, cur.hard, ev.hard)
-        if cur is not None and label != "mutation":
+        if cur is not None and label not in ("mutation", "early"):
             remember_curvature(st, s, s.values, cur, values, ev)
-        elif label == "mutation":
+        elif label in ("mutation", "early"):
             forget_curvature(st)
         if cur is None or ev.hard < cur.hard:
             st["ties"] = 0
@@ -157,6 +163,7 @@ class Adaptive(Strategy):
             st["slow"] = bool(cur.hard > 0 and ev.hard / cur.hard > SLOW)
         s.values = values
         s.cache["current"] = ev
+        st["points"] = st.get("points", 0) + (cur is not None)
         if ev.per_sample is not None:
             st["last_per_sample"] = ev.per_sample
         if label in ("log", "linear", "qn"):
@@ -173,13 +180,15 @@ class Adaptive(Strategy):
             yield "qn", qn
         spaces = self._spaces(s, cur)
         full: dict[str, dict] = {}
-        for space in spaces:
+        for i, space in enumerate(spaces):
             x_new = self._polyak(s, cur, space)
             if x_new is not None:
                 full[space] = x_new
                 yield space, x_new
             if space == "linear" and not s.spec.point and x_new is not None:
                 yield "crossing", self._polyak(s, cur, space, 1 + OVERSHOOT) or x_new
+            if i == 0 and self._lands_exactly(s) and st.get("points", 0) == 0:
+                yield from self._mutations(s, cur, EARLY_MUTATIONS, "early")
         if not qn_first:
             qn = quasi_newton_step(st, s, cur)
             if qn is not None:
@@ -212,10 +221,15 @@ class Adaptive(Strategy):
             return None
         return box_step(s.values, grads, decrease, s.bounds)
 
-    def _mutations(self, s, cur: Evaluation) -> Iterator[tuple[str, dict]]:
+    @staticmethod
+    def _lands_exactly(s) -> bool:
+        return bool(s.spec.point or s.spec.phase == "backward")
+
+    def _mutations(self, s, cur: Evaluation, kinds: tuple[str, ...] = MUTATIONS,
+                   label: str = "mutation") -> Iterator[tuple[str, dict]]:
         rows = self._weakest_rows(s, cur)
         inputs = [k for k in s.searched if not k.startswith(WEIGHT_PREFIX)]
-        for salt, kind in enumerate(MUTATIONS):
+        for salt, kind in enumerate(kinds):
             x_new = dict(s.values)
             changed = False
             for key in inputs:
@@ -226,7 +240,7 @@ class Adaptive(Strategy):
                     x_new[key] = mutated.astype(value.dtype)
                     changed = True
             if changed:
-                yield "mutation", x_new
+                yield label, x_new
 
     def _weakest_rows(self, s, cur: Evaluation) -> list[int]:
         if cur.per_sample is not None and len(cur.per_sample) == s.batch_size:
