@@ -211,3 +211,16 @@ def test_counting_executor_tells_a_guarded_op_firing_from_a_planted_bug_reached_
     ex = CountingExecutor(inner)
     ex.wait(0)
     assert ex.found_at == {"div": 2, "log": 4} and ex.own == {"div": False, "log": True}
+
+
+def test_the_watch_cost_is_measured_on_the_same_steps_and_judged_by_paired_ratios():
+    """A real (short) measurement: every step kind is timed, and the headline is the median of the
+    back-to-back pairs' ratios, judged against the 1.3x target."""
+    from benchmarks.step_watch import cost_report, watch_overhead
+
+    cost = watch_overhead(repeats=3, warmup=1)
+    assert set(cost["cpu"]) == {"plain", "watched", "search_step"}
+    assert all(v > 0 for v in cost["cpu"].values())
+    assert cost["paired"]["q1"] <= cost["paired"]["median"] <= cost["paired"]["q3"]
+    text = cost_report(cost)
+    assert f"**{cost['paired']['median']:.2f}x**" in text and "target <= 1.3x" in text
