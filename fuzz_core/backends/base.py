@@ -76,12 +76,52 @@ DATA_DRAWS = 8         # batches drawn from ``sample`` to see the data's range (
 DATA_SALT = 0xDA7A
 
 
+AUTOCAST_DTYPES = ("fp16", "bf16")
+KERAS_POLICIES = ("mixed_float16", "mixed_bfloat16")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the program runs its arithmetic: as written (fp32, the default), or in mixed precision
+    as it would train (the campaign's ``precision:``). The same target file serves both.
+
+    ``autocast``: PyTorch ``torch.autocast`` with this dtype around the program's forward pass;
+    ``grad_scaler``: a ``torch.amp.GradScaler`` around the engine's backward and optimizer step;
+    ``policy``: TensorFlow, the Keras mixed-precision policy set before the factory builds the model.
+    """
+
+    autocast: str | None = None
+    grad_scaler: bool = False
+    policy: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.autocast is not None and self.autocast not in AUTOCAST_DTYPES:
+            raise ValueError(f"precision.autocast must be one of {AUTOCAST_DTYPES}, got {self.autocast!r}")
+        if self.policy is not None and self.policy not in KERAS_POLICIES:
+            raise ValueError(f"precision.policy must be one of {KERAS_POLICIES}, got {self.policy!r}")
+        if self.grad_scaler and self.autocast is None:
+            raise ValueError("precision.grad_scaler needs precision.autocast (a scaler without autocast scales fp32)")
+
+    @property
+    def mixed(self) -> bool:
+        return self.autocast is not None or self.policy is not None
+
+    def to_dict(self) -> dict:
+        return {"autocast": self.autocast, "grad_scaler": self.grad_scaler, "policy": self.policy}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Precision":
+        d = d or {}
+        return cls(d.get("autocast"), bool(d.get("grad_scaler", False)), d.get("policy"))
+
+
 @dataclass(frozen=True)
 class RunnerOptions:
     device: str = "cpu"
     search_weights: bool = False
     weight_range: float = WEIGHT_RANGE   # searched weights: their initial range, grown by this many spreads
     input_range: float = INPUT_RANGE     # inputs without bounds: the sampled data's range, grown likewise
+    precision: Precision = Precision()   # fp32, or mixed precision as the program would train
 
 
 def data_box(lo: float, hi: float, factor: float) -> tuple[float, float]:
