@@ -52,6 +52,11 @@ class OpSpec:
                shares its framework ops with a forward row and is searched only in programs
                that train, triggered when the program's own backward first goes non-finite
                at the node this op created.
+    on_output: the margin is of the op's OUTPUT (``inputs`` of the margin is ``[output]``), and the
+               row is recorded only where that output is float16 or bfloat16: the half-precision
+               range (``half_overflow``). Such a row shares its framework ops with other rows
+               (``exp`` is also the ``exp`` row), like a backward row; an op that autocast keeps in
+               float32 is judged by the float32 rows alone.
     """
 
     name: str
@@ -65,6 +70,7 @@ class OpSpec:
     searched: bool = True
     point: bool = False
     phase: str = "forward"
+    on_output: bool = False
     notes: str = field(default="", compare=False)
 
     def margins(self, inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
@@ -88,6 +94,8 @@ class Catalogue:
         self._tf: dict[str, OpSpec] = {}
         self._torch_backward: dict[str, OpSpec] = {}
         self._tf_backward: dict[str, OpSpec] = {}
+        self._torch_output: dict[str, OpSpec] = {}    # packet -> its output-range row (half_overflow)
+        self._tf_output: dict[str, OpSpec] = {}
         for spec in specs:
             self.register(spec)
 
@@ -106,6 +114,8 @@ class Catalogue:
             raise ValueError(f"{spec.name!r}: phase must be 'forward' or 'backward', got {spec.phase!r}")
         if spec.phase == "backward":
             return self._register_backward(spec, torch_keys, replace)
+        if spec.on_output:
+            return self._register_side(spec, torch_keys, replace, self._torch_output, self._tf_output, "output")
         if not replace:
             if spec.name in self._by_name:
                 raise ValueError(f"op {spec.name!r} is already registered")
@@ -129,26 +139,42 @@ class Catalogue:
         return spec
 
     def _register_backward(self, spec: OpSpec, torch_keys: list[str], replace: bool) -> OpSpec:
+        return self._register_side(spec, torch_keys, replace, self._torch_backward, self._tf_backward, "backward")
+
+    def _register_side(self, spec: OpSpec, torch_keys: list[str], replace: bool, torch_table: dict,
+                       tf_table: dict, what: str) -> OpSpec:
+        """A row that shares its framework ops with the forward rows: a table of its own."""
         if not replace:
             if spec.name in self._by_name:
                 raise ValueError(f"op {spec.name!r} is already registered")
-            for keys, table, kind in ((torch_keys, self._torch_backward, "torch"), (spec.tf, self._tf_backward, "tf")):
+            for keys, table, kind in ((torch_keys, torch_table, "torch"), (spec.tf, tf_table, "tf")):
                 for key in keys:
                     if key in table:
-                        raise ValueError(f"the backward hazard of {kind} op {key!r} is already registered "
+                        raise ValueError(f"the {what} hazard of {kind} op {key!r} is already registered "
                                          f"by {table[key].name!r}")
         old = self._by_name.get(spec.name)
         if old is not None:
             for key in old.torch:
-                if self._torch_backward.get(torch_key(key)) is old:
-                    del self._torch_backward[torch_key(key)]
+                if torch_table.get(torch_key(key)) is old:
+                    del torch_table[torch_key(key)]
             for key in old.tf:
-                if self._tf_backward.get(key) is old:
-                    del self._tf_backward[key]
+                if tf_table.get(key) is old:
+                    del tf_table[key]
         self._by_name[spec.name] = spec
-        self._torch_backward.update({key: spec for key in torch_keys})
-        self._tf_backward.update({key: spec for key in spec.tf})
+        torch_table.update({key: spec for key in torch_keys})
+        tf_table.update({key: spec for key in spec.tf})
         return spec
+
+    def torch_output_specs(self) -> dict[str, OpSpec]:
+        """Packet -> the output-range row of that torch op (``addmm`` -> ``half_overflow``)."""
+        return dict(self._torch_output)
+
+    def for_torch_output(self, packet: str) -> OpSpec | None:
+        return self._torch_output.get(torch_key(packet))
+
+    def for_tf_output(self, op_type: str) -> OpSpec | None:
+        """The output-range row of a TensorFlow op type (``MatMul`` -> ``half_overflow``)."""
+        return self._tf_output.get(op_type)
 
     def torch_backward_specs(self) -> dict[str, OpSpec]:
         """Packet -> the backward-hazard row of that torch op (``sqrt`` -> ``sqrt_grad``)."""
@@ -394,6 +420,36 @@ def _backward_rows() -> list[OpSpec]:
     ]
 
 
+HALF_TINY = 1e-30    # added to |out| before its log: a zero output is far from overflowing, not -inf
+
+
+def half_overflow_margin(inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
+    """An op's output in float16/bfloat16 against the dtype's largest finite value (65504 in
+    float16, about 3.39e38 in bfloat16): ``log(max) - log(|out|)``, elementwise, computed in
+    float32. Log space: activations grow multiplicatively (a product, a sum of many terms, an
+    exp), so the margin is about linear in the log of the input that scales them. <= 0 (or -inf)
+    once the output overflowed. Needs ``xp.log`` and ``xp.widen`` (to float32)."""
+    out = inputs[0] if inputs else None
+    log, widen = getattr(xp, "log", None), getattr(xp, "widen", None)
+    if out is None or not xp.is_tensor(out) or log is None or widen is None:
+        return None
+    limit = 4.0 * xp.big(out)          # big() is a quarter of the dtype's max
+    return math.log(limit) - log(xp.abs(widen(out)) + HALF_TINY)
+
+
+def _output_rows() -> list[OpSpec]:
+    """Rows judged on an op's output, recorded only where it is float16 or bfloat16."""
+    return [
+        OpSpec("half_overflow", "half-precision overflow: |output| beyond the dtype's largest finite value "
+                                "(65504 in float16, ~3.39e38 in bfloat16)",
+               torch=("mm", "addmm", "addmm_", "bmm", "baddbmm", "baddbmm_", "matmul", "linear", "_addmm_activation",
+                      "sum", "mean", "exp", "exp_", "pow", "pow_", "mul", "mul_", "add", "add_", "_softmax",
+                      "convolution", "var", "var_mean"),
+               tf=("MatMul", "BatchMatMulV2", "Sum", "Exp", "Pow", "Mul", "AddV2", "Softmax", "Conv2D"),
+               margin=half_overflow_margin, on_output=True),
+    ]
+
+
 def _logit_margin(inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
     # logit(x, eps) clamps into [eps, 1 - eps]: with an eps the op has no hazard.
     if len(inputs) > 1 and inputs[1] is not None and _is_num(inputs[1]) and inputs[1] > 0:
@@ -401,7 +457,7 @@ def _logit_margin(inputs: Sequence[Any], xp: ArrayNamespace) -> Any:
     return PROBABILITY_OPEN.margin(xp.as_float(inputs[0], inputs[0]), xp)
 
 
-DEFAULT_CATALOGUE = Catalogue(_spec_rows() + _backward_rows())
+DEFAULT_CATALOGUE = Catalogue(_spec_rows() + _backward_rows() + _output_rows())
 
 
 def register_op(spec: OpSpec, *, replace: bool = False) -> OpSpec:
@@ -410,7 +466,7 @@ def register_op(spec: OpSpec, *, replace: bool = False) -> OpSpec:
 
 
 def searched_specs() -> list[OpSpec]:
-    return [s for s in DEFAULT_CATALOGUE if s.searched and s.phase == "forward"]
+    return [s for s in DEFAULT_CATALOGUE if s.searched and s.phase == "forward" and not s.on_output]
 
 
 def log_floor(tiny: float) -> float:

@@ -4,6 +4,7 @@ What the Ray actors call, and what ``cdeepfuzz replay`` uses. No ray, no mlflow.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from fuzz_core.backends import detect_framework, load_backend
-from fuzz_core.backends.base import CheckResult, RunnerOptions
+from fuzz_core.backends.base import CheckResult, Precision, RunnerOptions
 from fuzz_core.findings import Finding, LoadedFinding
 from fuzz_core.loader import call_factory, load_factory
 from fuzz_core.search import Candidate, QuantumResult, SearchConfig, SiteSearch, site_rng
@@ -47,10 +48,16 @@ def build_runner(spec: TargetSpec, options: RunnerOptions = RunnerOptions()):
     """Import the factory, build the target, wrap it in its framework's runner."""
     base = Path(spec.base_dir) if spec.base_dir else None
     factory = load_factory(spec.entry, base)
-    target = call_factory(factory, spec.seed, dict(spec.args))
-    framework = spec.framework or detect_framework(target)
+    precision = options.precision
+    framework = spec.framework or ("tensorflow" if precision.policy else "torch" if precision.autocast else None)
+    prepare = getattr(load_backend(framework), "prepare", None) if framework and precision.mixed else None
+    with prepare(options) if prepare is not None else contextlib.nullcontext():   # e.g. a Keras policy
+        target = call_factory(factory, spec.seed, dict(spec.args))
+    framework = framework or detect_framework(target)
     backend = load_backend(framework)
-    return backend.make_runner(spec.name, target, options)
+    runner = backend.make_runner(spec.name, target, options)
+    runner.spec = spec               # what a float32 twin is rebuilt from (the fp32 re-check)
+    return runner
 
 
 DISCOVERY_SALT = 0x5EED        # the discovery batch's RNG: campaign seed and this salt
@@ -302,12 +309,20 @@ def finding_from(runner, spec: TargetSpec, site: OpSite, config: SearchConfig, c
     first = result.first_op.to_dict() if result.first_op else (cand.first_op.to_dict() if cand.first_op else None)
     notes = outside_data(inputs, fresh.data_ranges()) if hasattr(fresh, "data_ranges") else []
     fresh.reset()
+    precision = getattr(options, "precision", None) or Precision()
+    mixed: dict[str, Any] = {}
+    if precision.mixed:     # the float32 replay (precision-only?) and the overflow's size
+        from fuzz_core.precision import precision_facts
+
+        mixed = precision_facts(fresh, spec, site, inputs, cand.state, cand.seed, first)
+        if precision.grad_scaler:
+            mixed["scaler_skips"] = int(result.scaler_skips)
     return Finding(site=site, target=spec.to_dict(), inputs=inputs, state=cand.state, step=cand.step,
                    step_seed=cand.seed, strategy=config.strategy, first_op=first,
                    trigger="weights" if cand.weights_searched else "inputs", training=cand.training,
                    bounds=cand.bounds, seconds=seconds, minimised=info, versions=fresh.versions(),
                    device=device, phase=cand.phase, replays=(reproduced, len(results)),
-                   site_triggered=cand.own, notes=notes)
+                   site_triggered=cand.own, notes=notes, precision=precision.to_dict(), **mixed)
 
 
 def outside_data(inputs: dict[str, np.ndarray], ranges: dict[str, tuple[float, float]]) -> list[str]:

@@ -76,6 +76,10 @@ class Finding:
     replays: tuple[int, int] = (1, 1)    # (reproduced, of): fresh replays that went non-finite at the same op
     notes: list[str] = field(default_factory=list)   # for people: values outside the sampled data, ...
     site_triggered: bool = True          # the searched site's own hazard fired (else first_op is another op)
+    precision: dict[str, Any] = field(default_factory=lambda: {"autocast": None, "grad_scaler": False, "policy": None})
+    precision_only: bool | None = None   # mixed precision: the float32 program stays finite on the same values
+    overflow: dict[str, Any] | None = None   # mixed precision: dtype, and value/limit/excess of a half_overflow
+    scaler_skips: int | None = None      # precision.grad_scaler: consecutive steps the GradScaler skipped on it
 
     @property
     def flaky(self) -> bool:
@@ -120,6 +124,10 @@ class Finding:
             "batch_size": int(batch),
             "minimised": self.minimised,
             "device": self.device,
+            "precision": dict(self.precision),
+            "precision_only": self.precision_only,
+            "overflow": self.overflow,
+            "scaler_skips": self.scaler_skips,
             "versions": {"cdeepfuzz": _version(), "python": platform.python_version(),
                          "numpy": np.__version__, **self.versions},
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

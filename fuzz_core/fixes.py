@@ -757,7 +757,7 @@ def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET,
     """Suggest guards for a finding, verify them in order (forward and backward, reproducer and
     search), write the ``fix`` section (and ``fix.diff``: the recommended guard as a patch of the
     user's source, found from ``roots``); return it."""
-    from fuzz_core.backends.base import RunnerOptions
+    from fuzz_core.backends.base import Precision, RunnerOptions
     from fuzz_core.engine import TargetSpec, build_runner
 
     folder = Path(finding_folder)
@@ -776,7 +776,8 @@ def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET,
                                        "message": f"no suggestion: {TF_WHY}"
                                                   + (f"; for example (not verified): {hint}" if hint else "")})
     if runner is None:
-        runner = build_runner(TargetSpec.from_dict(t), RunnerOptions(device=device, search_weights=weights))
+        runner = build_runner(TargetSpec.from_dict(t), RunnerOptions(device=device, search_weights=weights,
+                                                                     precision=Precision.from_dict(report.get("precision"))))
     calls = probe_calls(runner, site, loaded.inputs, loaded.state, int(report.get("step_seed", 0)))
     guards = suggest(site.op, site.location, _merge(calls)) if calls else []
     if not guards:

@@ -71,6 +71,11 @@ def render(report: dict[str, Any], root_from_folder: str | None) -> str:
     site = report.get("site") or {}
     expected = {"site": site.get("label"), "hazard": report.get("hazard"), "phase": report.get("phase", "forward"),
                 "first_op": report.get("first_op"), "signature": report.get("signature")}
+    precision = report.get("precision") or {}
+    mixed = {k: precision.get(k) for k in ("autocast", "grad_scaler", "policy")} if (
+        precision.get("autocast") or precision.get("policy")) else None
+    precision_line = f"PRECISION = {_literal(mixed)}   # the mixed precision it was found in\n" if mixed else ""
+    precision_arg = ", precision=PRECISION" if mixed else ""
     flaky = ""
     if report.get("flaky"):
         rep = report.get("replays") or {}
@@ -100,12 +105,12 @@ STEP_SEED = {int(report.get("step_seed", 0))}
 DEVICE = {str(report.get("device") or "cpu")!r}
 ROOT_FROM_HERE = {root_from_folder!r}   # the folder the campaign ran in, relative to this file's folder
 EXPECTED = {_literal(expected)}
-
+{precision_line}
 
 def test_program_stays_finite_on_the_saved_values(monkeypatch):
     root = find_root(TARGET["entry"], HERE, ROOT_FROM_HERE)
     monkeypatch.chdir(root)    # as the campaign ran: entries and the factory's own paths are relative to it
-    result = check_finite(TARGET, VALUES, STEP_SEED, root=root, device=DEVICE)
+    result = check_finite(TARGET, VALUES, STEP_SEED, root=root, device=DEVICE{precision_arg})
     assert not result.event, describe(result, EXPECTED)
 '''
 
@@ -165,11 +170,11 @@ def _importable(entry: str) -> bool:
 
 
 def check_finite(target: dict[str, Any], values: Path | str, step_seed: int, *, root: Path | str,
-                 device: str = "cpu"):
+                 device: str = "cpu", precision: dict[str, Any] | None = None):
     """Rebuild the target in ``root`` and run its unmodified program once on the saved values (and
-    saved weights) under the check-only detector; the :class:`CheckResult` (``event``: something
-    went non-finite)."""
-    from fuzz_core.backends.base import RunnerOptions
+    saved weights) under the check-only detector, in the finding's ``precision`` (fp32 when None);
+    the :class:`CheckResult` (``event``: something went non-finite)."""
+    from fuzz_core.backends.base import Precision, RunnerOptions
     from fuzz_core.engine import TargetSpec, build_runner
 
     arrays = load_arrays(Path(values))
@@ -177,7 +182,7 @@ def check_finite(target: dict[str, Any], values: Path | str, step_seed: int, *, 
     state = {k[6:]: v for k, v in arrays.items() if k.startswith("state.")}
     spec = TargetSpec(str(target["name"]), str(target["entry"]), dict(target.get("args") or {}),
                       target.get("framework"), int(target.get("seed") or 0), base_dir=str(root))
-    runner = build_runner(spec, RunnerOptions(device=device))
+    runner = build_runner(spec, RunnerOptions(device=device, precision=Precision.from_dict(precision)))
     runner.reset()
     if state:
         runner.set_state(state)

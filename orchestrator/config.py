@@ -88,6 +88,30 @@ class Tracking(_Model):
         "MLflow UI); above, one child run per target (each site's best loss as a metric) and one per finding"))
 
 
+class PrecisionConfig(_Model):
+    """How the targets compute: as written (fp32), or in mixed precision as they would train."""
+
+    autocast: Literal["fp16", "bf16"] | None = Field(None, description=(
+        "PyTorch: run each program's forward pass under torch.autocast with this dtype"))
+    grad_scaler: bool = Field(False, description=(
+        "PyTorch: the engine's training step goes through a torch.amp.GradScaler (needs autocast)"))
+    policy: Literal["mixed_float16", "mixed_bfloat16"] | None = Field(None, description=(
+        "TensorFlow: the Keras mixed-precision policy set before the factory builds the model"))
+
+    @field_validator("grad_scaler")
+    @classmethod
+    def _scaler_needs_autocast(cls, v: bool, info) -> bool:
+        if v and info.data.get("autocast") is None:
+            raise ValueError("needs precision.autocast (fp16 or bf16): a scaler without autocast scales fp32")
+        return v
+
+    def options(self):
+        """The :class:`fuzz_core.backends.base.Precision` every runner of the campaign gets."""
+        from fuzz_core.backends.base import Precision
+
+        return Precision(self.autocast, self.grad_scaler, self.policy)
+
+
 class Campaign(_Model):
     name: str = Field(pattern=SAFE_NAME, max_length=80)
     targets: list[TargetConfig] = Field(min_length=1)
@@ -99,6 +123,7 @@ class Campaign(_Model):
     quantum_timeout_s: float = Field(300, gt=0)
     output: str = "runs"
     tracking: Tracking = Field(default_factory=Tracking)
+    precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
 
     @model_validator(mode="after")
     def _unique_targets(self) -> "Campaign":

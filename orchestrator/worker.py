@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fuzz_core.backends.base import INPUT_RANGE, RunnerOptions
+from fuzz_core.backends.base import INPUT_RANGE, Precision, RunnerOptions
 from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from, fresh_runner
 from fuzz_core.errors import INTERNAL_HINT, classify
 from fuzz_core.loader import EntryError
@@ -34,6 +34,7 @@ class WorkerOptions:
     num_threads: int = 1
     minimise: bool = True
     input_range: float = INPUT_RANGE     # search.input_range: the default box of inputs without bounds
+    precision: Precision = Precision()   # the campaign's precision: (fp32 by default)
 
 
 @dataclass
@@ -103,7 +104,7 @@ class Worker:
 
     def _options(self) -> RunnerOptions:
         return RunnerOptions(device=self.options.device, search_weights=self.options.search_weights,
-                             input_range=self.options.input_range)
+                             input_range=self.options.input_range, precision=self.options.precision)
 
     def _live(self, spec: TargetSpec) -> tuple:
         """Every build of this target in this process (they share the factory's module state)."""

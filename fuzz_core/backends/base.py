@@ -57,6 +57,7 @@ class Evaluation:
     passes: int = 1                     # forward passes this evaluation cost
     phase: str | None = None            # where the step's first non-finite value arose (with ``event``)
     state_before: dict[str, np.ndarray] | None = None  # a bad step's starting state, when not the factory's
+    scaler_skips: int = 0               # precision.grad_scaler: consecutive steps the GradScaler skipped on this input
 
 
 @dataclass
@@ -68,6 +69,7 @@ class CheckResult:
     triggered: dict[tuple[str, str, int], bool] = field(default_factory=dict)  # site key -> own hazard fired
     program_loss: float = float("nan")
     phase: str | None = None            # forward | backward | update, with ``event``
+    scaler_skips: int = 0               # precision.grad_scaler: consecutive steps the GradScaler skipped on this input
 
 
 INPUT_RANGE = 1.0      # the README's default of ``search.input_range``

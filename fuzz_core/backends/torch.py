@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from contextlib import nullcontext
 from functools import lru_cache
 from typing import Any
 
@@ -35,6 +36,12 @@ class TorchXP:
     where = staticmethod(torch.where)
     round = staticmethod(torch.round)
     full_like = staticmethod(torch.full_like)
+    log = staticmethod(torch.log)
+
+    @staticmethod
+    def widen(x: Any) -> Any:
+        """float16/bfloat16 to float32 (differentiably); wider tensors as they are."""
+        return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
     @staticmethod
     def as_float(x: Any, like: Any) -> Any:
@@ -158,6 +165,11 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+SCALER_KEY = "obj.engine.grad_scaler"   # the engine's own GradScaler in the saved state
+COLLAPSE_SKIPS = 24    # consecutive skips on one input that are a loss-scale collapse (65536 falls below 1 after 17)
+
+
 class TorchRunner(TargetBatches):
     """One built PyTorch target, ready to run steps for any of its sites.
 
@@ -183,6 +195,16 @@ class TorchRunner(TargetBatches):
         self._grad_specs = catalogue.torch_backward_specs() if self.trains else {}
         self._op_info: dict = {}    # aten overload -> what it is to the catalogue, for every step's recorder
         self._program_at = _where(target.program)
+        # mixed precision (the campaign's ``precision:``): the program's forward under torch.autocast; the
+        # engine's own training step through a GradScaler (a program with its own train_step runs as it is)
+        precision = options.precision
+        self._autocast_dtype = AUTOCAST.get(precision.autocast) if precision.autocast else None
+        self.scaler = None
+        if precision.grad_scaler and self.trains and target.train_step is None and self._optimizers:
+            self.scaler = torch.amp.GradScaler(self.device.type)
+            self.state.add_object(SCALER_KEY, self.scaler)
+        self._skips = 0                 # consecutive skips of the last training step's input
+        self._collapse: tuple[int, float] | None = None   # (skips, scale) when the last step collapsed the scale
 
     # -- state ------------------------------------------------------------------------
     def _named_params(self) -> dict[str, torch.nn.Parameter]:
@@ -242,14 +264,38 @@ class TorchRunner(TargetBatches):
         return batch, leaves
 
     # -- running ----------------------------------------------------------------------
+    def _autocast(self, enabled: bool = True):
+        """``torch.autocast`` with the campaign's dtype around a forward pass (nothing in fp32)."""
+        if self._autocast_dtype is None or not enabled:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self._autocast_dtype)
+
     def _forward(self, batch: dict, seed: int, locate_all: bool):
         seed_everything(seed)
         self.watch.start(self.state, list(batch.values()))
         recorder = Recorder(self.catalogue, locate_all=locate_all, watch=self.watch, extra_specs=self._grad_specs,
                             info_cache=self._op_info)
-        with RecordingMode(recorder):
+        with self._autocast(), RecordingMode(recorder):
             out = self.target.program(batch)
         return recorder, out
+
+    def measure(self, values: dict[str, np.ndarray], seed: int, key: tuple[str, str, int],
+                any_dtype: bool = False) -> dict | None:
+        """The output of the op of an output-range site (``half_overflow``) on these values: its
+        dtype and largest magnitude, under this runner's precision. ``any_dtype``: record the row's
+        ops whatever their output dtype (the float32 value of an op that overflowed in half)."""
+        batch, _ = self._tensors(values, grad=False)
+        recorder = Recorder(self.catalogue, locate_all=True, measure=any_dtype, info_cache=self._op_info)
+        seed_everything(seed)
+        with torch.no_grad(), self._autocast(), RecordingMode(recorder):
+            self.target.program(batch)
+        call = recorder.find(key)
+        if call is None or not call.inputs or not isinstance(call.inputs[0], torch.Tensor):
+            return None
+        out = call.inputs[0].detach()
+        value = float(out.abs().max().double()) if out.numel() else 0.0
+        return {"dtype": str(out.dtype).removeprefix("torch."), "value": value,
+                "limit": float(torch.finfo(out.dtype).max)}
 
     def discover(self, batch: dict[str, np.ndarray], seed: int) -> list[OpSite]:
         tensors, _ = self._tensors(batch, grad=False)
@@ -270,8 +316,9 @@ class TorchRunner(TargetBatches):
                              "forward" if first is not None else None)
         if first is None and self.trains and loss is not None:
             phase = self._train(batch, loss, seed, pre)[1]
+            result.scaler_skips = self._skips
             if phase is not None:
-                result.first_op, grad_key, phase = self._diagnose(pre, values, seed, phase)
+                result.first_op, grad_key, phase = self._located(pre, values, seed, phase)
                 result.event, result.phase = True, phase
                 if grad_key is not None:
                     result.triggered[grad_key] = True
@@ -302,9 +349,10 @@ class TorchRunner(TargetBatches):
         if train and not ev.event and loss is not None:
             ev.trained, ev.phase = self._train(batch, loss, seed, pre)
             ev.passes += int(self.target.train_step is not None)
+            ev.scaler_skips = self._skips
             if ev.phase is not None:
                 ev.event = True
-                ev.first_op, grad_key, ev.phase = self._diagnose(pre, values, seed, ev.phase)
+                ev.first_op, grad_key, ev.phase = self._located(pre, values, seed, ev.phase)
                 ev.triggered = grad_key == site.key
             elif ev.trained and self.options.search_weights:
                 ev.weights = self.weights()
@@ -348,6 +396,7 @@ class TorchRunner(TargetBatches):
         before the step (a mask buffer) is not the update's doing."""
         target = self.target
         before = self.state.versions()
+        self._skips, self._collapse = 0, None
         if target.train_step is not None:
             seed_everything(seed ^ 0x5EED5EED)     # the step's own seed: the same in every process
             self.watch.start(self.state, list(batch.values()))
@@ -356,9 +405,13 @@ class TorchRunner(TargetBatches):
         elif self._optimizers and loss.requires_grad:
             for opt in self._optimizers:
                 opt.zero_grad(set_to_none=True)
-            loss.mean().backward()
-            for opt in self._optimizers:
-                opt.step()
+            if self.scaler is not None:
+                if self._scaled_step(loss):
+                    return True, "update"
+            else:
+                loss.mean().backward()
+                for opt in self._optimizers:
+                    opt.step()
         else:
             return False, None
         written = {k: t for k, t in self.state.changed_since(before).items() if t.is_floating_point()}
@@ -370,6 +423,38 @@ class TorchRunner(TargetBatches):
         if bool(_nonfinite(grads)):
             return True, "backward"
         return True, "update" if pre is None or self._newly_nonfinite(written, slots, pre) else None
+
+    def _scaled_step(self, loss: torch.Tensor) -> bool:
+        """The training step through the engine's GradScaler, as a mixed-precision loop runs it:
+        ``scale(loss).backward()``, ``step``, ``update``. A step the scaler skips (inf or NaN in the
+        scaled gradients: the scale halves) is its job, not a finding: the same input is tried
+        again at the smaller scale, and the consecutive skips it causes are counted. True when the
+        scale collapsed (below 1, or :data:`COLLAPSE_SKIPS` skips): a gradient that overflows
+        whatever the scale, a finding of phase ``update``."""
+        scaler, loss = self.scaler, loss.mean()
+        while True:
+            before = scaler.get_scale()
+            scaler.scale(loss).backward(retain_graph=True)
+            for opt in self._optimizers:
+                scaler.step(opt)
+            scaler.update()
+            after = scaler.get_scale()
+            if not after < before:
+                return False
+            self._skips += 1
+            if after < 1.0 or self._skips >= COLLAPSE_SKIPS:
+                self._collapse = (self._skips, after)
+                return True
+            for opt in self._optimizers:
+                opt.zero_grad(set_to_none=True)
+
+    def _located(self, pre: dict | None, values: dict[str, np.ndarray], seed: int,
+                 phase: str) -> tuple[OpRef | None, tuple[str, str, int] | None, str]:
+        """The op a bad training step names: the loss-scale collapse itself, else :meth:`_diagnose`."""
+        if self._collapse is not None:
+            return OpRef("loss_scale", "GradScaler: loss-scale collapse", self._program_at, 0, nan=False), None, \
+                "update"
+        return self._diagnose(pre, values, seed, phase)
 
     def _newly_nonfinite(self, written: dict[str, torch.Tensor], slots: list[torch.Tensor], pre: dict) -> bool:
         """Did the step make a value non-finite (not one that held inf before it, a mask)?"""
@@ -401,7 +486,8 @@ class TorchRunner(TargetBatches):
                             is_state=is_state, info_cache=self._op_info)
         seed_everything(seed)
         with torch.enable_grad(), RecordingMode(recorder):
-            out = self.target.program(batch)
+            with self._autocast():
+                out = self.target.program(batch)
             loss = program_loss(out)
             recorder.attach_hooks()
             if self.target.train_step is not None:

@@ -63,6 +63,7 @@ class _OpInfo:
     spec: OpSpec | None
     check: bool
     new_nan: bool                  # its output is checked for NaN (it can make one)
+    out_spec: OpSpec | None        # its output-range row (half_overflow), judged where the output is half
     writes: tuple[int, ...]        # positional arguments the op writes (self of an in-place op)
     write_kwargs: tuple[str, ...]  # keyword arguments it writes (out=)
 
@@ -112,6 +113,7 @@ class Recorder(FlagBook):
     backward_nodes: list[tuple] = field(default_factory=list)   # (op, kind, location, occ, backward-hazard name)
     backward_flags: list[tuple[int, int, Any, Any]] = field(default_factory=list)   # (seq, node, bad in, bad out)
     update_ops: list[tuple[int, str, str, Any]] = field(default_factory=list)   # (seq, kind, location, bad)
+    measure: bool = False              # record output-range rows whatever the output's dtype (a report's fp32 value)
     is_state: Any = None               # diagnosis: does an in-place write hit the program's state (an update)?
     flag_seq: list[int] = field(default_factory=list)   # the event order of each flag
     _fresh: list[tuple[Any, int]] = field(default_factory=list)
@@ -128,8 +130,9 @@ class Recorder(FlagBook):
             kind = packet if overload in ("default", "Tensor", "Scalar") else f"{packet}.{overload}"
             writes, write_kwargs = _schema_writes(func)
             check = not func.is_view and packet not in _PASS_THROUGH
+            out_spec = self.catalogue.for_torch_output(packet if namespace == "aten" else f"{namespace}::{packet}")
             hit = self.info_cache[func] = _OpInfo(packet, kind, spec, check, check and packet not in _NO_NEW_NAN,
-                                                  writes, write_kwargs)
+                                                  out_spec if check else None, writes, write_kwargs)
         return hit
 
     def push(self, flag, op: tuple[str, str, int] | None = None) -> int:
@@ -150,7 +153,9 @@ class Recorder(FlagBook):
                 self._protect(written, differentiable=False)
             if self.watch is not None:
                 self.watch.wrote(written, info.kind, lambda: LOCATOR.locate(4))
+        half_in = info.out_spec is not None and (self.measure or _any_half(args))
         if info.spec is None:
+            in_ok = self._inputs_ok(args) if half_in else None
             out = func(*args, **kwargs)
             if written and self.is_state is not None and any(self.is_state(t) for t in written):
                 # an in-place write into the program's state: an optimizer's update (diagnosis)
@@ -159,8 +164,11 @@ class Recorder(FlagBook):
             if self.watch is not None:
                 self.watch.created(out)
             if info.check:
-                loc = LOCATOR.locate(2) if self.locate_all else ""
-                if info.new_nan:
+                half = _half_output(out, self.measure) if half_in else None
+                loc = LOCATOR.locate(2) if (self.locate_all or half is not None) else ""
+                if half is not None:   # a catalogued hazard where its output is half: inf counts too
+                    self._record_output(info.out_spec, info.kind, loc, half, None, in_ok)
+                elif info.new_nan:
                     self._flag_nan(out, info.kind, loc, -1)
                 if self.diagnose:
                     self._fresh.append((out, self._node_meta(info.packet, info.kind, loc, 0, None)))
@@ -196,11 +204,38 @@ class Recorder(FlagBook):
             gocc = self.counts.get(gkey, 0)
             self.counts[gkey] = gocc + 1
             self.calls.append(Call(grad_spec, info.kind, location, gocc, inputs, -1, in_ok))
+        if half_in:
+            half = _half_output(out, self.measure)
+            if half is not None:
+                searched = spec.searched
+                self._record_output(info.out_spec, info.kind, location, half, flag if searched else None,
+                                    in_ok if searched and in_ok >= 0 else self._inputs_ok(inputs))
         for pos in watch:
             ptr = storage_of(inputs[pos])
             if ptr:
                 self._watch.setdefault(ptr, []).append((index, pos))
         return out
+
+    # -- output-range rows (half_overflow) -----------------------------------------------------
+    def _inputs_ok(self, args) -> int:
+        ok = _all_finite([t for t in tree_leaves(list(args)) if isinstance(t, torch.Tensor)])
+        return self.push(ok) if ok is not None else ALWAYS_OK
+
+    def _record_output(self, spec: OpSpec, kind: str, location: str, out: torch.Tensor, flag: int | None,
+                       in_ok: int) -> None:
+        """A call of an output-range row: its margin input is the op's output (kept safe from later
+        in-place writes like a recorded input); its trigger is that output going non-finite from
+        finite inputs."""
+        key = (spec.name, location)
+        occurrence = self.counts.get(key, 0)
+        self.counts[key] = occurrence + 1
+        index = len(self.calls)
+        if flag is None:
+            flag = self.push(any_nonfinite(out), (kind, location, index))
+        self.calls.append(Call(spec, kind, location, occurrence, [out], flag, in_ok))
+        ptr = storage_of(out)
+        if ptr:
+            self._watch.setdefault(ptr, []).append((index, 0))
 
     # -- in-place writes ------------------------------------------------------------------
     @staticmethod
@@ -411,6 +446,29 @@ class RecordingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return self.recorder.handle(func, args, kwargs or {})
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _any_half(args: tuple) -> bool:
+    """Some tensor argument (top level, or in a list) is float16 or bfloat16: the only calls whose
+    output can be half. Costs an attribute read per argument in a float32 pass."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.dtype in _HALF:
+                return True
+        elif isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) and t.dtype in _HALF for t in a):
+            return True
+    return False
+
+
+def _half_output(out, any_float: bool = False) -> torch.Tensor | None:
+    """The op's first floating-point output when it is half (or any float, ``any_float``)."""
+    for t in tree_leaves(out):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+            return t if (t.dtype in _HALF or any_float) else None
+    return None
 
 
 def _has_nan(t: torch.Tensor) -> torch.Tensor:

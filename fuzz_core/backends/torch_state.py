@@ -121,6 +121,12 @@ class TorchState:
         self.initial = self.get(everything=True)
         self.unrestorable: list[str] = []          # tracked tensors written that the initial snapshot lacks
 
+    def add_object(self, name: str, obj: Any) -> None:
+        """Track a stateful object the engine itself adds to the program (the GradScaler of a
+        ``precision.grad_scaler`` campaign): saved, restored and reset with the rest."""
+        self.objects[name] = obj
+        self.initial[name] = _json_array(_plain(obj.state_dict()))
+
     def _add_optimizer(self, opt: Any) -> None:
         if all(opt is not o for o in self.optimizers):
             self.optimizers.append(opt)

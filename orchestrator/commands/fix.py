@@ -23,7 +23,7 @@ def fix(folder: Path, budget: int, trust: bool = False, device: str = "cpu",
         tracking_uri: str | None = None) -> dict[str, Any]:
     """The ``fix`` section written into the finding, with ``mlflow``: where the verdict was recorded
     (FindingError/ReplayError for usage, TargetBroken)."""
-    from fuzz_core.backends.base import RunnerOptions
+    from fuzz_core.backends.base import Precision, RunnerOptions
     from fuzz_core.engine import TargetSpec
     from fuzz_core.findings import FindingError, load_finding
     from fuzz_core.fixes import suggest_and_verify
@@ -42,7 +42,8 @@ def fix(folder: Path, budget: int, trust: bool = False, device: str = "cpu",
         check_trusted(entry, trust)
         check_entry_exists(entry, folder)
         runner = build_target(TargetSpec.from_dict(report["target"]),
-                              RunnerOptions(device=device, search_weights=report.get("trigger") == "weights"))
+                              RunnerOptions(device=device, search_weights=report.get("trigger") == "weights",
+                                            precision=Precision.from_dict(report.get("precision"))))
     try:
         section = suggest_and_verify(folder, budget, device=device, runner=runner)
     except Exception as exc:  # noqa: BLE001 - the program raised under the guard, or CDeepFuzz did

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fuzz_core.backends.base import RunnerOptions
+from fuzz_core.backends.base import Precision, RunnerOptions
 from fuzz_core.engine import TargetSpec, build_runner, confirmed, replay
 from fuzz_core.findings import FindingError, load_finding
 from fuzz_core.loader import EntryError, entry_file
@@ -91,7 +91,9 @@ def replay_folder(folder: Path, trust: bool = False, device: str = "cpu") -> tup
     check_trusted(entry, trust)
     check_entry_exists(entry, folder)
     spec = TargetSpec.from_dict(t)
-    runner = build_target(spec, RunnerOptions(device=device))
+    # under the precision it was found in (autocast, GradScaler, Keras policy): fp32 when the report has none
+    precision = Precision.from_dict(loaded.report.get("precision"))
+    runner = build_target(spec, RunnerOptions(device=device, precision=precision))
     site = loaded.site
     try:
         result = replay(runner, loaded)

@@ -49,7 +49,8 @@ def _loss(x: float) -> str:
 def finding_lines(label: str, finding, folder: str) -> list[str]:
     """``FOUND <site>: <op> (<phase>) at step N -> <folder>``, the op that went non-finite first
     when it is not the site's own, a warning for a flaky finding, and each note on the data."""
-    lines = [f"FOUND {label}: {finding.site.op} ({finding.phase}) at step {finding.step} -> {folder}"]
+    lines = [f"FOUND {label}: {finding.site.op} ({finding.phase}) at step {finding.step}{_precision_note(finding)}"
+             f" -> {folder}"]
     first = finding.first_op or {}
     if first and not finding.site_triggered:
         where = f" at {first['location']}#{first.get('occurrence', 0)}" if first.get("location") else ""
@@ -60,6 +61,19 @@ def finding_lines(label: str, finding, folder: str) -> list[str]:
                      "(randomness in the program that the replay could not re-seed)")
     lines += [f"  note: {n}" for n in finding.notes]
     return lines
+
+
+def _precision_note(finding) -> str:
+    """`` [precision-only (float16)]`` for a finding only the lower precision makes (the float32
+    program stays finite on the same values), `` [float16; fails in fp32 too]`` otherwise; nothing in fp32."""
+    overflow = getattr(finding, "overflow", None) or {}
+    only = getattr(finding, "precision_only", None)
+    dtype = overflow.get("dtype") or "mixed precision"
+    if only is None:
+        return ""
+    excess = overflow.get("excess")
+    size = f", {excess:.3g}x its max" if isinstance(excess, (int, float)) else ""
+    return f" [precision-only ({dtype}){size}]" if only else f" [{dtype}{size}; fails in fp32 too]"
 
 
 def shorten(label: str, width: int) -> str:

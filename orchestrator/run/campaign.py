@@ -101,7 +101,8 @@ def target_specs(campaign: Campaign) -> dict[str, TargetSpec]:
 def worker_options(campaign: Campaign) -> WorkerOptions:
     return WorkerOptions(device=campaign.device, search_weights=campaign.search.search_weights,
                          num_threads=max(1, int(math.floor(campaign.resources.num_cpus))),
-                         minimise=campaign.search.minimise, input_range=campaign.search.input_range)
+                         minimise=campaign.search.minimise, input_range=campaign.search.input_range,
+                         precision=campaign.precision.options())
 
 
 def search_config(campaign: Campaign) -> SearchConfig:

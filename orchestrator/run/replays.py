@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fuzz_core.backends.base import RunnerOptions
+from fuzz_core.backends.base import Precision, RunnerOptions
 from fuzz_core.engine import TargetSpec, confirmed, fresh_runner, replay
 from fuzz_core.findings import LoadedFinding
 
@@ -47,7 +47,8 @@ def replay_known(worker, bug: KnownBug) -> ReplayOutcome:
     try:
         live = tuple(r for r in [worker.runners.get(bug.spec.name)] if r is not None)
         runner = fresh_runner(dataclasses.replace(bug.spec, seed=bug.seed),
-                              RunnerOptions(device=worker.options.device, search_weights=worker.options.search_weights),
+                              RunnerOptions(device=worker.options.device, search_weights=worker.options.search_weights,
+                                            precision=Precision.from_dict(bug.report.get("precision"))),
                               live)
         loaded = LoadedFinding(Path(bug.folder), bug.report, bug.inputs, bug.values_state)
         result = replay(runner, loaded)
