@@ -530,7 +530,8 @@ EXACTNESS_TESTED = {"log", "log2", "log10", "log1p", "xlogy", "div", "reciprocal
 
 
 def test_every_searched_row_has_property_tests():
-    searched = {s.name for s in DEFAULT_CATALOGUE if s.searched and s.phase == "forward"}
+    # output rows (half_overflow) are judged on an op's half output: tests/test_precision.py
+    searched = {s.name for s in DEFAULT_CATALOGUE if s.searched and s.phase == "forward" and not s.on_output}
     assert searched <= EXACTNESS_TESTED, f"rows without an exactness test: {searched - EXACTNESS_TESTED}"
     assert searched <= {row for row, _ in GRAD_CASES.values()}
 
@@ -636,7 +637,8 @@ def test_every_inplace_variant_of_a_catalogued_op_is_keyed():
             if "::" in name or name.endswith("_"):
                 continue
             assert hasattr(torch.ops.aten, name), f"{spec.name}: no aten op {name!r}"
-            keyed = backward.get(name + "_") if spec.phase == "backward" else DEFAULT_CATALOGUE.for_torch(name + "_")
+            keyed = (backward.get(name + "_") if spec.phase == "backward" else DEFAULT_CATALOGUE.for_torch_output(
+                name + "_") if spec.on_output else DEFAULT_CATALOGUE.for_torch(name + "_"))
             if hasattr(torch.ops.aten, name + "_") and keyed is not spec:
                 missing.append(name + "_")
     assert not missing
