@@ -56,7 +56,7 @@ def build_runner(spec: TargetSpec, options: RunnerOptions = RunnerOptions()):
     framework = framework or detect_framework(target)
     backend = load_backend(framework)
     runner = backend.make_runner(spec.name, target, options)
-    runner.spec = spec               # what a float32 twin is rebuilt from (the fp32 re-check)
+    runner.target_spec = spec        # what a float32 twin is rebuilt from (the fp32 re-check)
     return runner
 
 

@@ -34,11 +34,11 @@ from fuzz_core.backends.base import (
     WEIGHT_PREFIX, CheckResult, Evaluation, OpRef, RunnerOptions, TargetBatches, batch_size,
 )
 from fuzz_core.backends.tf_common import (
-    _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown,
-    seed_everything,
+    Fp32Twin, _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown,
+    keras_policy, seed_everything,
 )
 from fuzz_core.backends.tf_graph import GraphRunner
-from fuzz_core.backends.tf_recorder import XP, EagerRecorder, np_dtype
+from fuzz_core.backends.tf_recorder import XP, EagerRecorder, call_margins, np_dtype
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue
 from fuzz_core.sites import OpSite, relative_path
 from fuzz_core.target import GraphTarget, Target, TargetError
@@ -94,7 +94,16 @@ def _tf_var(v):
     return inner if isinstance(inner, tf.Variable) else v
 
 
-class EagerRunner(TargetBatches):
+# ---- mixed precision: the Keras global policy around the factory ------------------------
+
+def prepare(options: RunnerOptions):
+    """The context :func:`fuzz_core.engine.build_runner` runs the factory in: the campaign's
+    Keras mixed-precision policy (``precision.policy``) while the factory builds the target,
+    restored after it."""
+    return keras_policy(options.precision.policy)
+
+
+class EagerRunner(Fp32Twin, TargetBatches):
     """One built TF2 target, ready to run steps for any of its sites."""
 
     framework = "tensorflow"
@@ -213,9 +222,10 @@ class EagerRunner(TargetBatches):
             value = np.array([(seed * 1_000_003 + 7919 * (i + 1)) % (2**31 - 1), 0])
             var.assign(value.astype(np_dtype(var.dtype)))
 
-    def _forward(self, batch: dict, seed: int, locate_all: bool, track_constants: bool = False):
+    def _forward(self, batch: dict, seed: int, locate_all: bool, track_constants: bool = False,
+                 measure: bool = False):
         self._seed(seed)
-        recorder = EagerRecorder(self.catalogue, locate_all=locate_all, backward=self.trains)
+        recorder = EagerRecorder(self.catalogue, locate_all=locate_all, backward=self.trains, measure=measure)
         recorder.track_constants = track_constants
         eager_before = tf.config.functions_run_eagerly()
         tf.config.run_functions_eagerly(True)
@@ -241,7 +251,23 @@ class EagerRunner(TargetBatches):
                     if t.dtype.is_floating:
                         tape.watch(t)
                 recorder, _ = self._forward(tensors, seed, locate_all=False, track_constants=True)
-        return recorder.sites(self.name, lambda call: call.spec.margins(call.scalar_inputs(), XP) is not None)
+        return recorder.sites(self.name, lambda call: call_margins(call, scalars=True) is not None)
+
+    def measure(self, values: dict[str, np.ndarray], seed: int, key: tuple[str, str, int],
+                any_dtype: bool = False) -> dict | None:
+        """The output of the op of an output-range site (``half_overflow``) on these values: its
+        dtype, largest magnitude and the dtype's largest finite value, as built (its layers' own
+        dtypes). ``any_dtype``: record the row's ops whatever their output dtype (the float32
+        value, on the float32 twin, of an op that overflowed in half)."""
+        with self._scope():
+            batch, _ = self._tensors(values, grad=False)
+            recorder, _ = self._forward(batch, seed, locate_all=True, measure=any_dtype)
+        call = recorder.find(key)
+        if call is None or not call.outputs or not tf.is_tensor(call.outputs[0]):
+            return None
+        out = call.outputs[0]
+        a = np.abs(np.asarray(out.numpy(), dtype=np.float64))
+        return {"dtype": out.dtype.name, "value": float(a.max()) if a.size else 0.0, "limit": float(out.dtype.max)}
 
     def _program_location(self) -> str:
         code = getattr(self.target.program, "__code__", None)
@@ -279,7 +305,7 @@ class EagerRunner(TargetBatches):
                 recorder, out = self._forward(batch, seed, locate_all=locate_all)
                 loss = program_loss(out)
                 call = recorder.find(site.key) if site is not None else None
-                margin = call.spec.margins(call.inputs, XP) if call is not None else None
+                margin = call_margins(call) if call is not None else None
                 flags = recorder.resolve([_outputs_nonfinite(out)])
                 first = recorder.first_event(flags, flags[-1], self._program_location())
                 ev = Evaluation(seen=margin is not None, hard=math.inf, log_loss=math.inf,
@@ -438,4 +464,4 @@ def make_runner(name: str, target: Any, options: RunnerOptions):
     return EagerRunner(name, target, options)
 
 
-__all__ = ["EagerRunner", "GraphRunner", "XP", "make_runner", "seed_everything"]
+__all__ = ["EagerRunner", "GraphRunner", "XP", "keras_policy", "make_runner", "prepare", "seed_everything"]

@@ -9,6 +9,8 @@ pools. Loaded only by the TensorFlow backend modules (:mod:`fuzz_core.backends.t
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -19,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context as tf_context
 
-from fuzz_core.backends.base import LOG_TAU, collect_grads
+from fuzz_core.backends.base import LOG_TAU, CheckResult, Precision, collect_grads
 from fuzz_core.backends.tf_recorder import np_dtype, tiny_of
 from fuzz_core.catalogue import log_floor
 
@@ -152,3 +154,83 @@ def _soft_min(m):
     log_loss = (-LOG_TAU * tf.reduce_logsumexp(-tf.math.log(tf.maximum(flat, tf.constant(tiny, m.dtype)))
                                                / LOG_TAU) - log_floor(tiny))
     return m, hard, log_loss
+
+
+# ---- mixed precision: the Keras global policy, and the float32 twin of a mixed target ------
+
+def _keras_precision_modules() -> list:
+    """The ``mixed_precision`` modules of the Keras packages a factory may build with: Keras
+    (``tf.keras`` is Keras 3 in TF >= 2.16) and, when the program imported it, ``tf_keras``."""
+    out = []
+    try:
+        import keras
+
+        out.append(keras.mixed_precision)
+    except Exception:  # noqa: BLE001 - no Keras: nothing to set
+        pass
+    legacy = sys.modules.get("tf_keras")
+    if legacy is not None and hasattr(legacy, "mixed_precision"):
+        out.append(legacy.mixed_precision)
+    return out
+
+
+@contextlib.contextmanager
+def keras_policy(name: str | None):
+    """Keras's global dtype policy is ``name`` ("mixed_float16", "mixed_bfloat16", "float32")
+    while the block runs, and what it was before afterwards (None: left as it is). Layers take
+    the global policy when they are constructed and keep it: a model built inside the block
+    runs in mixed precision after it, and a later build in the same process is float32 again."""
+    if name is None:
+        yield
+        return
+    saved = []
+    for mp in _keras_precision_modules():
+        saved.append((mp, mp.global_policy()))
+        mp.set_global_policy(name)
+    try:
+        yield
+    finally:
+        for mp, policy in reversed(saved):
+            mp.set_global_policy(policy)
+
+
+class Fp32Twin:
+    """The fp32 re-check of a mixed-precision finding, for both TensorFlow runners: the same
+    values replayed on a float32 build of the target (the factory rebuilt from the runner's
+    ``target_spec`` with the Keras policy "float32"), built once per runner, on first use."""
+
+    options: Any
+    target_spec: Any = None          # set by fuzz_core.engine.build_runner
+
+    def fp32_check(self, values: dict[str, np.ndarray], seed: int,
+                   state: dict[str, np.ndarray] | None = None) -> CheckResult:
+        """The check-only detector on the float32 twin, from the factory's state (plus ``state``,
+        a finding's saved weights), on the same values and seed."""
+        twin = self._fp32_twin()
+        twin.reset()
+        if state:
+            twin.set_state(state)
+        return twin.check(values, seed)
+
+    def fp32_finite(self, values: dict[str, np.ndarray], seed: int,
+                    state: dict[str, np.ndarray] | None = None) -> bool:
+        """Does the float32 program stay finite on a finding's input? True: the finding is
+        precision-only (it exists only in mixed precision); False: float32 fails too."""
+        return not self.fp32_check(values, seed, state).event
+
+    def _fp32_twin(self):
+        twin = getattr(self, "_fp32", None)
+        if twin is not None:
+            return twin
+        if not self.options.precision.mixed:
+            self._fp32 = self            # already float32: the re-check is a replay here
+            return self
+        if self.target_spec is None:
+            raise RuntimeError("the fp32 re-check rebuilds the target from its TargetSpec: build the runner "
+                               "with fuzz_core.engine.build_runner")
+        from fuzz_core.engine import build_runner
+
+        with keras_policy("float32"):
+            twin = build_runner(self.target_spec, dataclasses.replace(self.options, precision=Precision()))
+        self._fp32 = twin
+        return twin

@@ -31,7 +31,7 @@ from fuzz_core.backends.base import (
     WEIGHT_PREFIX, CheckResult, Evaluation, OpRef, RunnerOptions, TargetBatches, batch_size,
 )
 from fuzz_core.backends.tf_common import (
-    _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown,
+    Fp32Twin, _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown,
     seed_everything,
 )
 from fuzz_core.backends.tf_recorder import (
@@ -57,7 +57,7 @@ def _named(variables: list, prefix: str = "") -> dict[str, Any]:
 
 
 
-class GraphRunner(TargetBatches):
+class GraphRunner(Fp32Twin, TargetBatches):
     """One built TF1-style graph target (graph, session, placeholders, loss, train_op)."""
 
     framework = "tensorflow"

@@ -176,6 +176,12 @@ class TFXP:
     maximum = staticmethod(tf.maximum)
     where = staticmethod(tf.where)
     round = staticmethod(tf.round)
+    log = staticmethod(tf.math.log)
+
+    @staticmethod
+    def widen(x: Any) -> Any:
+        """float16/bfloat16 to float32 (differentiably); wider tensors as they are."""
+        return tf.cast(x, tf.float32) if x.dtype in (tf.float16, tf.bfloat16) else x
 
     @staticmethod
     def full_like(x: Any, value: float) -> Any:
@@ -280,6 +286,26 @@ class Call(BaseCall):
         return [self.constants.get(i, t) for i, t in enumerate(self.inputs)]
 
 
+# ---- half-precision outputs (a Keras mixed-precision policy, or half code by hand) -----
+
+HALF_DTYPES = (tf.float16, tf.bfloat16)
+
+
+def half_output(outputs) -> bool:
+    """The op's (first) output is float16 or bfloat16. Ops that a policy keeps in float32
+    (softmax or loss layers built with ``dtype="float32"``) are judged by their float32 rows."""
+    return bool(outputs) and tf.is_tensor(outputs[0]) and outputs[0].dtype in HALF_DTYPES
+
+
+def call_margins(call, scalars: bool = False):
+    """The elementwise margin of a recorded call, or None when it has no hazard: of its output
+    for an output-range row (``half_overflow``), else the row's margin of its inputs
+    (``scalars``: constant scalar inputs as Python numbers, as torch's Scalar overloads see them)."""
+    if getattr(call.spec, "on_output", False):
+        return call.spec.margins(call.outputs[:1], XP) if call.outputs else None
+    return call.spec.margins(call.scalar_inputs() if scalars else call.inputs, XP)
+
+
 def constant_scalars(inputs) -> dict:
     """Scalar inputs that no watched value (batch input, trainable variable) reaches."""
     out = {}
@@ -295,7 +321,8 @@ def constant_scalars(inputs) -> dict:
 class EagerRecorder(FlagBook):
     """Records every eagerly executed op of one forward pass (an op callback)."""
 
-    def __init__(self, catalogue: Catalogue, locate_all: bool = False, backward: bool = False) -> None:
+    def __init__(self, catalogue: Catalogue, locate_all: bool = False, backward: bool = False,
+                 measure: bool = False) -> None:
         super().__init__()
         self.catalogue = catalogue
         self.locate_all = locate_all
@@ -305,6 +332,9 @@ class EagerRecorder(FlagBook):
         self.track_constants = False   # note which scalar inputs no watched value reaches (discover)
         self.paused = 0          # > 0 inside a GradientTape.gradient call of the program
         self._busy = False
+        # op type -> its output-range row (half_overflow); a catalogue without such rows: none
+        self._output_row = getattr(catalogue, "for_tf_output", None) or (lambda op_type: None)
+        self.measure = measure   # record output rows whatever the output's dtype (a float32 twin's value)
 
     def __call__(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
         if self._busy or self.paused or graph is not None:   # our checks; a backward; graph construction
@@ -321,9 +351,15 @@ class EagerRecorder(FlagBook):
             self.stateful_random = True
         spec = self.catalogue.for_tf(op_type)
         outputs = list(outputs) if outputs is not None else []
+        half = self._output_row(op_type)     # recorded only where the op's output is float16/bfloat16
+        if half is not None and not (half_output(outputs) or (self.measure and _floats(outputs[:1]))):
+            half = None
         if spec is not None and not _floats(outputs):
             spec = None            # integer arithmetic (seed counters, indices) cannot go non-finite
         if spec is None:
+            if half is not None:
+                self._record_half(half, op_type, LOCATOR.locate(3), list(inputs), outputs, None)
+                return
             if op_type in PASS_THROUGH:
                 return
             flag = eager_flag(outputs, nan_only=True)
@@ -358,6 +394,26 @@ class EagerRecorder(FlagBook):
             grad_call = Call(grad_spec, op_type, location, gocc, inputs, -1, in_ok, outputs=outputs)
             grad_call.constants = call.constants
             self.calls.append(grad_call)
+        if half is not None:
+            self._record_half(half, op_type, location, inputs, outputs, call)
+
+    def _record_half(self, spec, op_type: str, location: str, inputs: list, outputs: list, main) -> None:
+        """A call of an output-range row (``half_overflow``): a searched site whose margin is of
+        the op's half-precision output. It shares the flags of the op's own searched row; else it
+        checks the inputs' finiteness and the output for any non-finite value (an overflow is
+        an inf, which the NaN-only check of an uncatalogued op would not see)."""
+        key = (spec.name, location)
+        occurrence = self.counts.get(key, 0)
+        self.counts[key] = occurrence + 1
+        index = len(self.calls)
+        if main is not None and main.spec.searched:
+            flag, in_ok = main.flag, main.in_ok
+        else:
+            ok = eager_flag(inputs, nan_only=False, negate=True)
+            in_ok = self.push(ok) if ok is not None else ALWAYS_OK
+            bad = eager_flag(outputs, nan_only=False)
+            flag = self.push(bad if bad is not None else False, (op_type, location, index))
+        self.calls.append(Call(spec, op_type, location, occurrence, inputs, flag, in_ok, outputs=outputs))
 
     def resolve(self, extra: list = ()) -> list[bool]:
         """Every flag of the pass as Python bools (one device read for device-side flags)."""
