@@ -15,8 +15,8 @@ import numpy as np
 
 from orchestrator.scheduling.core import Action, RankedScheduler, SiteBook, SiteProgress
 from orchestrator.scheduling.numeric import (
-    check_fraction, check_int, check_positive, flag, floats, improved, is_plateau, number, predicted_steps,
-    quantum_for, small_fall,
+    check_fraction, check_int, check_positive, curve_prediction, flag, floats, improved, is_plateau, number,
+    quantum_for,
 )
 
 DEFAULT_WINDOW = 16       # losses the slope and the plateau test look at
@@ -142,19 +142,7 @@ class LossSlopeScheduler(RankedScheduler):
             site.gained = site.used
             site.fruitless, site.hopeless = 0, False  # a real gain: judged afresh
         site.trace = (site.trace + losses)[-self.window:]
-        running, curve = site.curve[-1] if site.curve else math.inf, []
-        for v in finite:
-            running = min(running, v)
-            curve.append(running)
-        site.curve = (site.curve + curve)[-self.window:]
-        if len(site.curve) < 2:
-            site.pred = math.nan
-        elif small_fall(site.curve[0] - site.curve[-1], site.curve[-1], tol, ls):
-            site.pred = math.inf  # no fall beyond the plateau tolerance: no evidence of progress
-        elif finite and not fell:
-            site.pred = math.inf  # no new best in this report: the fall has stopped, for now
-        else:
-            site.pred = predicted_steps(site.best, -(site.curve[0] - site.curve[-1]) / (len(site.curve) - 1))
+        site.curve, site.pred = curve_prediction(site.curve, finite, site.best, fell, self.window, tol, ls)
         site.moving = len(set(finite[-self.window:])) > 1 if finite else site.moving
         full = len(site.trace) == self.window
         flat = full and is_plateau(site.trace, tol, ls)

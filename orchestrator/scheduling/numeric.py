@@ -73,6 +73,28 @@ def improved(before: float, after: float, tol: float, log_space: bool = False) -
     return not math.isfinite(before) or not small_fall(before - after, before, tol, log_space)
 
 
+def curve_prediction(curve: Sequence[float], finite: Sequence[float], best: float, fell: bool, window: int,
+                     tol: float, log_space: bool = False) -> tuple[list[float], float]:
+    """A site's best-loss curve (the best loss so far after each of its last ``window`` finite
+    losses: monotone, so noise does not read as progress) extended by a report's ``finite``
+    losses, and the predicted steps to trigger it gives: nan with fewer than two points; inf
+    when it fell by at most ``tol`` of the margin (no evidence of progress: a loss parked just
+    above a clamp is not "almost there") or the report had losses and no new best (``fell``
+    False: the fall has stopped, for now); else ``best`` (the site's best loss) over the fall per step."""
+    running, new = curve[-1] if curve else math.inf, []
+    for v in finite:
+        running = min(running, v)
+        new.append(running)
+    curve = (list(curve) + new)[-window:]
+    if len(curve) < 2:
+        return curve, math.nan
+    if small_fall(curve[0] - curve[-1], curve[-1], tol, log_space):
+        return curve, math.inf
+    if finite and not fell:
+        return curve, math.inf
+    return curve, predicted_steps(best, -(curve[0] - curve[-1]) / (len(curve) - 1))
+
+
 def is_plateau(losses: Sequence[float], tol: float, log_space: bool = False) -> bool:
     """True when the finite losses fell by at most ``tol`` of the margin (flat or rising,
     see :func:`small_fall`); False when too few, or at the boundary."""

@@ -15,8 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.scheduling.numeric import (
-    check_fraction, check_int, check_positive, flag, floats, improved, is_plateau, number, predicted_steps,
-    small_fall,
+    check_fraction, check_int, check_positive, curve_prediction, flag, floats, improved, is_plateau, number,
 )
 
 
@@ -69,19 +68,7 @@ class CurvePredictor:
         if gain:
             st.gained, st.mark = used, st.best
         st.trace = (st.trace + losses)[-self.window:]
-        running, curve = st.curve[-1] if st.curve else math.inf, []
-        for v in finite:
-            running = min(running, v)
-            curve.append(running)
-        st.curve = (st.curve + curve)[-self.window:]
-        if len(st.curve) < 2:
-            st.pred = math.nan
-        elif small_fall(st.curve[0] - st.curve[-1], st.curve[-1], tol, ls):
-            st.pred = math.inf     # no fall beyond the tolerance: no evidence of progress
-        elif finite and not st.best < before:
-            st.pred = math.inf     # no new best in this report: the fall has stopped, for now
-        else:
-            st.pred = predicted_steps(st.best, -(st.curve[0] - st.curve[-1]) / (len(st.curve) - 1))
+        st.curve, st.pred = curve_prediction(st.curve, finite, st.best, st.best < before, self.window, tol, ls)
         return gain
 
     def flat(self, st: CurveStats) -> bool:
