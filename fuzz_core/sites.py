@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
+import linecache
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 _FUZZ_CORE_DIR = str(Path(__file__).resolve().parent)
@@ -22,10 +24,18 @@ class OpSite:
     location: str      # repo-relative "path:line" of the user's call
     occurrence: int    # index among calls of this op at this location in one pass
     searched: bool = True
+    # 1-based column of the call in its line, when known (Python 3.11+): shown to people
+    # (``position``, ``label``) but no part of the id, the key or a bug's signature
+    column: int | None = field(default=None, compare=False)
+
+    @property
+    def position(self) -> str:
+        """``path:line:col`` of the call (``path:line`` when its column is unknown)."""
+        return position(self.location, self.column)
 
     @property
     def label(self) -> str:
-        return f"{self.target}:{self.op}@{self.location}#{self.occurrence}"
+        return f"{self.target}:{self.op}@{self.position}#{self.occurrence}"
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -39,8 +49,9 @@ class OpSite:
 
     @classmethod
     def from_dict(cls, d: dict) -> "OpSite":
+        column = d.get("column")
         return cls(**{k: d[k] for k in ("id", "target", "op", "kind", "hazard", "location", "occurrence")},
-                   searched=d.get("searched", True))
+                   searched=d.get("searched", True), column=int(column) if column else None)
 
 
 def site_id(target: str, op: str, location: str, occurrence: int) -> str:
@@ -50,9 +61,68 @@ def site_id(target: str, op: str, location: str, occurrence: int) -> str:
 
 
 def make_site(target: str, op: str, kind: str, hazard: str, location: str, occurrence: int,
-              searched: bool = True) -> OpSite:
-    return OpSite(site_id(target, op, location, occurrence), target, op, kind, hazard, location,
-                  occurrence, searched)
+              searched: bool = True, column: int | None = None) -> OpSite:
+    """An op site; its column is ``column``, else the one a :class:`Location` carries."""
+    return OpSite(site_id(target, op, location, occurrence), target, op, kind, hazard, str(location),
+                  occurrence, searched, column if column is not None else column_of(location))
+
+
+def position(location: str, column: int | None) -> str:
+    """``path:line:col`` for people; ``location`` itself when the column is unknown."""
+    return f"{location}:{column}" if column else str(location)
+
+
+def position_of(entry) -> str:
+    """:func:`position` of a site's, a first op's or a recorded op's dict (``location``, ``column``),
+    as summary.json and finding.json hold them; files written before columns were recorded have none."""
+    column = entry.get("column")
+    return position(str(entry.get("location", "")), column if isinstance(column, int) else None)
+
+
+class Location(str):
+    """A ``path:line`` location that also carries the 1-based column of the call (or None).
+
+    It is equal to, hashes as, prints as and serialises as the plain ``path:line`` string, so
+    ids, occurrence counts, keys and signatures are those of the string; the column is extra
+    data that rides along from :meth:`CallerLocator.locate` to the sites and first ops a
+    recorder makes (:func:`column_of`)."""
+
+    column: int | None = None
+
+    def __new__(cls, text: str, column: int | None = None) -> "Location":
+        self = super().__new__(cls, text)
+        self.column = column
+        return self
+
+    def __reduce__(self):
+        return (Location, (str(self), self.column))
+
+
+def column_of(location: object) -> int | None:
+    """The column a location carries (a :class:`Location`), else None."""
+    return getattr(location, "column", None)
+
+
+def call_column(code, lasti: int, lineno: int | None) -> int | None:
+    """1-based column (in characters) where the instruction at byte offset ``lasti`` of ``code``
+    starts in its source line: for a frame suspended in a call, the start of the call expression
+    (``torch.log(b)`` in ``torch.log(a) + torch.log(b)``; ``a`` in ``a / b``). None before Python
+    3.11 (no code positions), or when the instruction starts on a line other than ``lineno``."""
+    positions = getattr(code, "co_positions", None)
+    if positions is None or lasti < 0:
+        return None
+    try:
+        pos = next(itertools.islice(positions(), lasti // 2, None), None)
+    except Exception:  # noqa: BLE001 - a column is a nicety, never worth an error
+        return None
+    if pos is None or pos[2] is None or (lineno is not None and pos[0] != lineno):
+        return None
+    col = pos[2]          # a byte offset in the line's UTF-8
+    if pos[0]:
+        line = linecache.getline(code.co_filename, pos[0])
+        if line and not line.isascii():
+            col = len(line.encode("utf-8")[:col].decode("utf-8", "replace"))
+    return col + 1
 
 
 def relative_path(filename: str) -> str:
@@ -78,6 +148,7 @@ class CallerLocator:
         self._skip = tuple(d.rstrip(os.sep) + os.sep for d in skip_dirs + (_FUZZ_CORE_DIR,))
         self._skip_code: dict[object, bool] = {}
         self._rel: dict[str, str] = {}
+        self._at: dict[tuple[object, int], Location] = {}   # (code, lasti) -> its location and column
 
     def skips(self, filename: str) -> bool:
         """Is this file the framework's, fuzz_core's or the interpreter's (not the user's)?"""
@@ -90,13 +161,20 @@ class CallerLocator:
         return hit
 
     def locate(self, depth: int = 1) -> str:
+        """The user's ``path:line``, as a :class:`Location` that carries the call's column."""
         frame = sys._getframe(depth)
         while frame is not None and self._skipped(frame.f_code):
             frame = frame.f_back
         if frame is None:
             return "<unknown>:0"
-        fn = frame.f_code.co_filename
+        code, lasti = frame.f_code, frame.f_lasti
+        hit = self._at.get((code, lasti))
+        if hit is not None:
+            return hit
+        fn = code.co_filename
         rel = self._rel.get(fn)
         if rel is None:
             rel = self._rel[fn] = relative_path(fn)
-        return f"{rel}:{frame.f_lineno}"
+        line = frame.f_lineno
+        hit = self._at[(code, lasti)] = Location(f"{rel}:{line}", call_column(code, lasti, line))
+        return hit

@@ -12,7 +12,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from fuzz_core.sites import OpSite
+from fuzz_core.sites import OpSite, column_of, position
 from fuzz_core.target import TargetError
 
 WEIGHT_PREFIX = "weight:"
@@ -28,10 +28,23 @@ class OpRef:
     location: str
     occurrence: int = 0
     nan: bool = True
+    # 1-based column of the call in its line when known: by default the one its location carries
+    # (a recorder's :class:`fuzz_core.sites.Location`); shown, never compared
+    column: int | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.column is None:
+            object.__setattr__(self, "column", column_of(self.location))
+        object.__setattr__(self, "location", str(self.location))
+
+    @property
+    def position(self) -> str:
+        """``path:line:col`` (``path:line`` when the column is unknown)."""
+        return position(self.location, self.column)
 
     def to_dict(self) -> dict:
         return {"op": self.op, "kind": self.kind, "location": self.location,
-                "occurrence": self.occurrence, "nan": self.nan}
+                "occurrence": self.occurrence, "nan": self.nan, "column": self.column}
 
 
 @dataclass
