@@ -227,7 +227,8 @@ class Controller:
                     continue
                 for site in result:
                     if not site.searched:
-                        rec.recorded.append({"op": site.op, "kind": site.kind, "location": site.location})
+                        rec.recorded.append({"op": site.op, "kind": site.kind, "location": site.location,
+                                             "column": site.column})
                         continue
                     rec.sites += 1
                     self._add_site(SiteRecord(site))

@@ -38,7 +38,7 @@ class SiteRecord:
         s = self.site
         return {
             "id": s.id, "label": s.label, "target": s.target, "op": s.op, "kind": s.kind,
-            "hazard": s.hazard, "location": s.location, "occurrence": s.occurrence,
+            "hazard": s.hazard, "location": s.location, "column": s.column, "occurrence": s.occurrence,
             "status": self.status.value, "exit_reason": self.exit_reason.value, "steps": self.steps,
             "seconds": round(self.seconds, 4), "best_loss": finite(self.best_loss), "finding": self.finding,
             "error": self.error, "traceback": self.traceback, "mlflow_run_id": self.mlflow_run_id,
