@@ -445,7 +445,8 @@ def _output_rows() -> list[OpSpec]:
                torch=("mm", "addmm", "addmm_", "bmm", "baddbmm", "baddbmm_", "matmul", "linear", "_addmm_activation",
                       "sum", "mean", "exp", "exp_", "pow", "pow_", "mul", "mul_", "add", "add_", "_softmax",
                       "convolution", "var", "var_mean"),
-               tf=("MatMul", "BatchMatMulV2", "Sum", "Exp", "Pow", "Mul", "AddV2", "Softmax", "Conv2D"),
+               tf=("MatMul", "BatchMatMulV2", "Einsum", "Sum", "Mean", "Exp", "Pow", "Square", "Mul", "AddV2",
+                   "AddN", "BiasAdd", "Softmax", "Conv2D", "DepthwiseConv2dNative"),
                margin=half_overflow_margin, on_output=True),
     ]
 
