@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fuzz_core.io import atomic_write_bytes, load_arrays
+from fuzz_core.sites import position_of
 
 __all__ = ["ROOT_ENV", "TEST_FILE", "check_finite", "describe", "find_root", "render", "write_reproducer"]
 
@@ -60,7 +61,7 @@ def _bug_line(report: dict[str, Any]) -> str:
     first = report.get("first_op") or {}
     site = report.get("site") or {}
     op = first.get("op") or site.get("op", "?")
-    where = first.get("location") or site.get("location", "?")
+    where = position_of(first) if first.get("location") else (position_of(site) if site.get("location") else "?")
     phase = report.get("phase") or "forward"
     return f"{op} at {where} went non-finite in the {phase} pass"
 
@@ -196,11 +197,11 @@ def describe(result, expected: dict[str, Any] | None = None) -> str:
     first = result.first_op
     if first is not None:
         occurrence = f" (call #{first.occurrence} on that line)" if first.occurrence else ""
-        head = f"{first.op} ({first.kind}) at {first.location}{occurrence} went non-finite in the {phase} pass"
+        head = f"{first.op} ({first.kind}) at {first.position}{occurrence} went non-finite in the {phase} pass"
     else:
         head = f"the program went non-finite in the {phase} pass (no op named)"
     found = expected.get("first_op") or {}
-    seen = (f"; CDeepFuzz found {found.get('op')} at {found.get('location')} ({expected.get('phase', 'forward')})"
+    seen = (f"; CDeepFuzz found {found.get('op')} at {position_of(found)} ({expected.get('phase', 'forward')})"
             if found and (first is None or (found.get("op"), found.get("location")) != (first.op, first.location))
             else "")
     return (f"{head}: the program is not finite on the values CDeepFuzz saved "

@@ -4,7 +4,8 @@ Both are built from the run folder alone (``summary.json`` and each finding's ``
 they can be written after the run, from a copy of its folder, or from a run that was resumed.
 
 JUnit XML (``cdeepfuzz run --junit-xml PATH``): one ``<testsuite>`` per target, one ``<testcase>`` per
-op site, named by the site's label (``target:op@path:line#occurrence``):
+op site, named by the site's label (``target:op@path:line:col#occurrence``; ``path:line#occurrence``
+when the column is unknown, as in runs made before columns were recorded):
 
 * a finding (``found``, ``flaky``): ``<failure>``, its message the first op that went non-finite, its
   phase and ``file:line``; its text the replay command and the pytest reproducer;
@@ -33,6 +34,7 @@ from typing import Any
 from fuzz_core.findings import REPORT, bug_of
 from fuzz_core.io import atomic_write_bytes, atomic_write_json, read_json
 from fuzz_core.reproducer import TEST_FILE
+from fuzz_core.sites import position_of as _at
 
 __all__ = ["ExportError", "junit_xml", "load_run", "sarif_log", "write_junit_xml", "write_sarif",
            "SARIF_SCHEMA", "SARIF_SCHEMA_URI"]
@@ -78,7 +80,7 @@ def _first_op_line(site: dict[str, Any], finding: dict[str, Any] | None) -> str:
     finding = finding or {}
     first = finding.get("first_op") or {}
     op = first.get("op") or site.get("op")
-    where = first.get("location") or site.get("location")
+    where = _at(first) if first.get("location") else _at(site)
     occurrence = first.get("occurrence")
     call = f" (call #{occurrence} on that line)" if occurrence else ""
     return f"{op} at {where}{call} went non-finite in the {finding.get('phase') or 'forward'} pass"
@@ -116,7 +118,7 @@ def junit_xml(summary: dict[str, Any], findings: dict[str, dict[str, Any]], run_
                 counts[outcome] += 1
             seconds += float(site.get("seconds") or 0.0)
         for rec in target.get("recorded") or []:
-            label = f"{name}:{rec.get('op') or rec.get('kind')}@{rec.get('location')}"
+            label = f"{name}:{rec.get('op') or rec.get('kind')}@{_at(rec)}"
             case = ET.SubElement(suite, "testcase", classname=f"{campaign}.{name}", name=label, time="0")
             ET.SubElement(case, "skipped", message=f"not searched: {rec.get('kind')} is recorded only "
                                                    "(stable by construction; named when a finding reaches it)")
@@ -196,6 +198,14 @@ def _bug(site: dict[str, Any], finding: dict[str, Any]) -> tuple[str, str, str]:
     return bug_of(first, str(finding.get("phase") or "forward"))
 
 
+def _bug_position(site: dict[str, Any], finding: dict[str, Any]) -> str:
+    """Where the bug a finding names is, with its column when known (``path:line:col``)."""
+    first = finding.get("first_op") or {}
+    if finding.get("site_triggered", True) or not first:
+        return _at(site)
+    return _at(first)
+
+
 def _physical(location: str, fallback: str) -> dict[str, Any]:
     parsed = _LOCATION.match(location) or _LOCATION.match(fallback)
     if parsed is None:
@@ -236,7 +246,7 @@ def sarif_log(summary: dict[str, Any], findings: dict[str, dict[str, Any]], run_
             "ruleId": op, "ruleIndex": list(rules).index(op),
             "level": "warning" if site.get("status") == "flaky" else "error",
             "message": {"text": text},
-            "locations": [{"physicalLocation": _physical(location, str(site.get("location", "")))}],
+            "locations": [{"physicalLocation": _physical(_bug_position(site, finding), _at(site))}],
             "properties": {"site": site.get("label"), "siteId": site["id"], "target": site.get("target"),
                            "hazard": hazard, "phase": finding.get("phase") or "forward",
                            "status": site.get("status"), "steps": site.get("steps"), "finding": folder},
@@ -244,7 +254,7 @@ def sarif_log(summary: dict[str, Any], findings: dict[str, dict[str, Any]], run_
         if finding.get("signature"):
             result["partialFingerprints"] = {"cdeepfuzzSignature/v1": str(finding["signature"])}
         if location != site.get("location"):        # found while searching another site: say which
-            result["relatedLocations"] = [{"id": 1, "physicalLocation": _physical(str(site.get("location", "")), ""),
+            result["relatedLocations"] = [{"id": 1, "physicalLocation": _physical(_at(site), ""),
                                            "message": {"text": f"searched site {site.get('label')}"}}]
         results.append(result)
     run_info = summary.get("run") or {}

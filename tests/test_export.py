@@ -44,6 +44,11 @@ def _log_line() -> int:
     return next(i for i, text in enumerate(lines, 1) if "return -torch.log(1 - torch.sigmoid(z))" in text)
 
 
+def _log_column() -> int:
+    """1-based column of the ``torch.log(...)`` call on that line (the site's column)."""
+    return Path(FAULTS).read_text().splitlines()[_log_line() - 1].index("torch.log(") + 1
+
+
 def test_a_run_writes_junit_xml_and_sarif_that_name_the_finding_and_the_broken_target(tmp_path: Path):
     fixed = tmp_path / "fixed.flag"
     fixed.touch()
@@ -67,16 +72,16 @@ def test_a_run_writes_junit_xml_and_sarif_that_name_the_finding_and_the_broken_t
     result = CliRunner().invoke(app, ["run", str(campaign), "--local", "--quiet", "--junit-xml", str(junit),
                                       "--sarif", str(sarif)])
     assert result.exit_code == 3, result.output           # a target could not be built: 3 wins over findings
-    line = _log_line()
+    line, col = _log_line(), _log_column()
 
     cases = _cases(junit.read_text())
-    buggy = cases[f"buggy:log@{FAULTS}:{line}#0"]
+    buggy = cases[f"buggy:log@{FAULTS}:{line}:{col}#0"]                 # file:line:col in the test's name
     assert _outcome(buggy) == "failure"
     failure = buggy.find("failure")
-    assert failure.get("message").startswith(f"log at {FAULTS}:{line} went non-finite in the forward pass")
+    assert failure.get("message").startswith(f"log at {FAULTS}:{line}:{col} went non-finite in the forward pass")
     assert "cdeepfuzz replay" in failure.text and "test_reproducer.py" in failure.text
     assert buggy.get("file") == FAULTS and buggy.get("line") == str(line)
-    assert _outcome(cases[f"guarded:log@{FAULTS}:{line}#0"]) == "passed"          # searched, nothing found
+    assert _outcome(cases[f"guarded:log@{FAULTS}:{line}:{col}#0"]) == "passed"          # searched, nothing found
     broken = cases["broken (build)"]
     assert _outcome(broken) == "error" and "could not open its weights file" in broken.find("error").get("message")
     root = ET.fromstring(junit.read_text())
@@ -90,6 +95,7 @@ def test_a_run_writes_junit_xml_and_sarif_that_name_the_finding_and_the_broken_t
     assert len(ours) == 1 and all(r["properties"]["target"] == "buggy" for r in results)
     where = ours[0]["locations"][0]["physicalLocation"]
     assert where["artifactLocation"]["uri"] == FAULTS and where["region"]["startLine"] == line
+    assert where["region"]["startColumn"] == col
     assert "log of x <= 0" in ours[0]["message"]["text"]
     assert ours[0]["partialFingerprints"]["cdeepfuzzSignature/v1"]
     rules = log["runs"][0]["tool"]["driver"]["rules"]

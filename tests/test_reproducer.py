@@ -38,6 +38,7 @@ def make_target(seed: int = 0, rows: int = 4) -> Target:
     return Target(program=lambda b: loss(b["x"]), sample=sample, bounds={"x": (-10.0, 10.0)}, search=["x"])
 '''
 BUG_LINE = "    return -torch.log(1 - p).mean()"
+BUG_COLUMN = BUG_LINE.index("torch.log") + 1      # file:line:col of the call in the failure message
 FIX_LINE = "    return -torch.nn.functional.logsigmoid(-4.0 * x).mean()"
 ENTRY = "subjects/sig.py:make_target"
 
@@ -120,7 +121,7 @@ def test_a_finding_folder_holds_a_pytest_reproducer_that_fails_until_the_program
     with pytest.raises(AssertionError) as failed:          # from another directory, on the buggy program
         _run_in_process(test_file, monkeypatch)
     message = str(failed.value)
-    assert f"log (log) at subjects/sig.py:{_bug_lineno()} went non-finite in the forward pass" in message, message
+    assert f"log (log) at subjects/sig.py:{_bug_lineno()}:{BUG_COLUMN} went non-finite in the forward pass" in message, message
     assert "not finite on the values CDeepFuzz saved" in message
     assert Path.cwd() == tmp_path / "elsewhere"
     _run_in_process(fixed / TEST_FILE, monkeypatch)       # the fixed program: it passes
@@ -132,7 +133,7 @@ def test_the_generated_file_runs_under_pytest_from_another_directory(tmp_path, m
     proc, outcomes = _pytest(folder / TEST_FILE, fixed / TEST_FILE, cwd=tmp_path / "elsewhere")
     outcome, message = _outcome({k: v for k, v in outcomes.items() if "fixed" not in k}, folder)
     assert outcome == "failed", proc.stdout + proc.stderr
-    assert f"log (log) at subjects/sig.py:{_bug_lineno()} went non-finite in the forward pass" in message, message
+    assert f"log (log) at subjects/sig.py:{_bug_lineno()}:{BUG_COLUMN} went non-finite in the forward pass" in message, message
     assert _outcome({k: v for k, v in outcomes.items() if "fixed" in k}, fixed)[0] == "passed", proc.stdout + proc.stderr
     assert proc.returncode == 1
 

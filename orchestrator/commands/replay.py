@@ -102,7 +102,7 @@ def replay_folder(folder: Path, trust: bool = False, device: str = "cpu") -> tup
 
         raise TargetBroken(spec.name, from_exception(exc)) from None
     first = result.first_op
-    where = f"{first.kind} at {first.location}" if first else "none"
+    where = f"{first.kind} at {first.position}" if first else "none"
     phase = (f" ({result.phase})" if result.phase and result.phase != "forward" and first is not None
              and result.phase not in first.kind else "")
     if confirmed(result, site, loaded.report):

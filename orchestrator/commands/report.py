@@ -41,6 +41,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from fuzz_core.io import atomic_write_bytes, load_arrays, read_json
+from fuzz_core.sites import position_of
 from orchestrator.observers.summary import FILENAME as SUMMARY
 
 log = logging.getLogger(__name__)
@@ -288,8 +289,8 @@ def _short(text: str, n: int) -> str:
 
 
 def _site_name(site: dict[str, Any]) -> str:
-    """``target:op@file.py:line#occurrence``, the path shortened to its file name."""
-    loc = str(site.get("location", ""))
+    """``target:op@file.py:line:col#occurrence``, the path shortened to its file name."""
+    loc = position_of(site)
     return f"{site.get('target')}:{site.get('op')}@{loc.rsplit('/', 1)[-1]}#{site.get('occurrence', 0)}"
 
 
@@ -358,7 +359,7 @@ def _first_op(first: dict[str, Any] | None, phase: str | None = None) -> str:
     if not first:
         return "—"
     out = "NaN" if first.get("nan", True) else "±Inf"
-    where = f"{first.get('location')}#{first.get('occurrence', 0)}"
+    where = f"{position_of(first)}#{first.get('occurrence', 0)}"
     return (f"<b>{_e(first.get('op'))}</b> ({_e(first.get('kind'))}) output <b class='bad'>{out}</b> "
             f"at <code>{_e(where)}</code>" + (f", {_e(phase)} pass" if phase else ""))
 
@@ -723,10 +724,10 @@ def render_finding(data: RunData, site: dict[str, Any], report: dict[str, Any], 
             "</dl>"]
     for note in report.get("notes") or []:
         body.append(f"<p class='small'>note: {_e(note)}</p>")
-    body += ["<h2>Source</h2>", sources.context(site.get("location", ""), extra)]
-    if first.get("location") and first.get("location") != site.get("location"):
+    body += ["<h2>Source</h2>", sources.context(position_of(site), extra)]
+    if first.get("location") and position_of(first) != position_of(site):
         body += [f"<h3>where the first non-finite value arose ({_e(first.get('op'))})</h3>",
-                 sources.context(first["location"], extra)]
+                 sources.context(position_of(first), extra)]
     body += ["<h2>Replay</h2>", f"<pre>{_e(report.get('replay'))}</pre>"]
     if (folder / "test_reproducer.py").is_file():
         body.append(f"<p class='small'>as a regression test (fails while the bug is there):</p>"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fuzz_core.sites import position_of
 from orchestrator.config import load_campaign
 
 
@@ -73,7 +74,7 @@ def print_table(rows: list[dict]) -> None:
     for col in ("target", "op", "kind", "hazard", "location", "occ", "id", "searched"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(r["target"], r["op"], r["kind"], r["hazard"], r["location"], str(r["occurrence"]),
+        table.add_row(r["target"], r["op"], r["kind"], r["hazard"], position_of(r), str(r["occurrence"]),
                       r["id"], "yes" if r["searched"] else "no (stable)")
     console = Console()
     console.print(table)

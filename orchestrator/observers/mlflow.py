@@ -26,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from fuzz_core.sites import position_of
 from fuzz_core.status import RunState, SiteStatus
 from orchestrator.config import params
 from orchestrator.observers.base import Observer
@@ -40,8 +41,11 @@ FLUSH_START_S = 10.0   # the runs exist (ids known) before the search starts, un
 MAX_TRACEBACK = 7900
 
 
-def site_tags(site, status: SiteStatus) -> dict[str, str]:
+def site_tags(site, status: SiteStatus) -> dict[str, Any]:
+    """A site run's tags; ``site.column`` (1-based) and ``site.position`` (``path:line:col``) tell
+    calls on one line apart, ``site.location`` (``path:line``) stays what bug signatures use."""
     return {"site.id": site.id, "site.op": site.op, "site.kind": site.kind, "site.location": site.location,
+            "site.column": getattr(site, "column", None), "site.position": getattr(site, "position", site.location),
             "site.target": site.target, "site.label": site.label, "status": status.value, "hazard": site.hazard}
 
 
@@ -125,6 +129,7 @@ class MlflowObserver(Observer):
         self.tracker.set_tags(key, {"hazard": site.hazard, "trigger": finding.trigger,
                                     "training": str(finding.training).lower(), "signature": finding.signature,
                                     "steps": str(finding.step), "first_op": (finding.first_op or {}).get("kind", ""),
+                                    "first_op.position": position_of(finding.first_op) if finding.first_op else None,
                                     "finding.folder": str(folder), "phase": str(getattr(finding, "phase", "forward")),
                                     "flaky": str(bool(getattr(finding, "flaky", False))).lower(),
                                     "replays": f"{replays[0]}/{replays[1]}",

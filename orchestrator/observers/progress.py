@@ -23,6 +23,7 @@ import sys
 import time
 from collections import Counter
 
+from fuzz_core.sites import position
 from fuzz_core.status import SiteStatus
 from orchestrator.observers.base import Observer
 
@@ -53,7 +54,8 @@ def finding_lines(label: str, finding, folder: str) -> list[str]:
              f" -> {folder}"]
     first = finding.first_op or {}
     if first and not finding.site_triggered:
-        where = f" at {first['location']}#{first.get('occurrence', 0)}" if first.get("location") else ""
+        at = position(first["location"], first.get("column")) if first.get("location") else ""
+        where = f" at {at}#{first.get('occurrence', 0)}" if at else ""
         lines.append(f"  the first non-finite value came from {first.get('op', '?')}{where}, not from this site's op")
     if finding.flaky:
         done, runs = finding.replays
@@ -78,8 +80,8 @@ def _precision_note(finding) -> str:
 
 def shorten(label: str, width: int) -> str:
     """``label`` in at most ``width`` characters, on one line: a site label
-    (``target:op@path/file.py:line#n``) loses its folders first, then the middle of its target,
-    and keeps its op and ``file:line#n`` to the last; anything else loses its middle."""
+    (``target:op@path/file.py:line:col#n``) loses its folders first, then the middle of its target,
+    and keeps its op and ``file:line:col#n`` to the last; anything else loses its middle."""
     if len(label) <= width:
         return label
     if width <= 1:

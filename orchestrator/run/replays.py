@@ -54,7 +54,7 @@ def replay_known(worker, bug: KnownBug) -> ReplayOutcome:
         result = replay(runner, loaded)
         first = result.first_op
         return ReplayOutcome(bug.signature, confirmed(result, loaded.site, loaded.report),
-                             f"{first.kind} at {first.location}" if first else None)
+                             f"{first.kind} at {first.position}" if first else None)
     except Exception as exc:  # noqa: BLE001 - reported per bug, the campaign goes on
         failure = from_exception(exc)
         return ReplayOutcome(bug.signature, None, error=failure.message, traceback=failure.traceback)
