@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import sys
 import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -20,6 +21,8 @@ from fuzz_core.sites import CallerLocator, Location, OpSite, column_of, make_sit
 TARGET = "tests/targets/same_line.py"
 HERE = "tests/test_columns.py"
 LOCATOR = CallerLocator(())
+# columns come from code positions (co_positions), new in Python 3.11; before it sites have none
+positions = pytest.mark.skipif(sys.version_info < (3, 11), reason="code positions (columns) are Python 3.11+")
 
 
 def _line_and_columns() -> tuple[int, int, int]:
@@ -40,6 +43,7 @@ def at() -> str:
     return LOCATOR.locate(2)      # the caller's call of at()
 
 
+@positions
 def test_the_locator_gives_each_call_on_a_line_its_own_column():
     first, second = at(), at()                                            # TWO-CALLS
     line, text = _here("TWO-CALLS")
@@ -72,7 +76,8 @@ def test_old_site_and_finding_dicts_without_a_column_still_load():
     assert loaded.column is None and loaded.label == "t:log@a.py:3#1" and loaded.position == "a.py:3"
     assert loaded == site and loaded.key == site.key and loaded.id == site.id     # the same site
     assert OpSite.from_dict(json.loads(json.dumps(site.to_dict()))).column == 9
-    assert position_of({"location": "a.py:3"}) == "a.py:3" and position_of({"location": "a.py:3", "column": 4}) == "a.py:3:4"
+    assert position_of({"location": "a.py:3"}) == "a.py:3"
+    assert position_of({"location": "a.py:3", "column": 4}) == "a.py:3:4"
 
 
 def _runner():
@@ -87,6 +92,7 @@ def _targets_importable(monkeypatch, repo_root):
     monkeypatch.syspath_prepend(str(repo_root / "tests"))
 
 
+@positions
 def test_torch_sites_and_first_ops_on_one_line_differ_by_column():
     pytest.importorskip("torch")
     line, first, second = _line_and_columns()
@@ -121,6 +127,7 @@ def _campaign(tmp_path: Path, steps: int = 60) -> Path:
     return path
 
 
+@positions
 def test_sites_json_and_table_show_file_line_col(tmp_path: Path):
     pytest.importorskip("torch")
     from orchestrator.cli import app
@@ -138,6 +145,7 @@ def test_sites_json_and_table_show_file_line_col(tmp_path: Path):
     assert f"{TARGET}:{line}:{first}" in table.output and f"{TARGET}:{line}:{second}" in table.output
 
 
+@positions
 def test_a_run_shows_the_column_in_every_output(tmp_path: Path):
     pytest.importorskip("torch")
     import jsonschema
@@ -159,7 +167,8 @@ def test_a_run_shows_the_column_in_every_output(tmp_path: Path):
     summary = check_run(run_dir)                           # summary.json and finding.json valid against their schemas
     logs = {s["occurrence"]: s for s in summary["sites"] if s["op"] == "log"}
     assert {n: s["column"] for n, s in logs.items()} == columns
-    assert {n: s["label"] for n, s in logs.items()} == {n: f"two:log@{TARGET}:{line}:{c}#{n}" for n, c in columns.items()}
+    assert {n: s["label"] for n, s in logs.items()} == {n: f"two:log@{TARGET}:{line}:{c}#{n}"
+                                                         for n, c in columns.items()}
     found = [s for s in logs.values() if s["status"] == "found"]
     assert found, summary["sites"]
 
@@ -194,6 +203,7 @@ def test_a_run_shows_the_column_in_every_output(tmp_path: Path):
     assert tags["site.location"] == f"{TARGET}:{line}"
 
 
+@positions
 def test_tensorflow_eager_sites_on_one_line_differ_by_column():
     tf = pytest.importorskip("tensorflow")
     from fuzz_core import Target
