@@ -9,8 +9,10 @@ status changes in :meth:`Controller.set_status` alone, and a final status never 
 (except ``stopped``, which a resume reopens): each site run is ended once.
 
 Every call to the scheduler is logged in the store, in the same transaction as what caused
-it, so a resumed campaign rebuilds the scheduler by replaying the log (it is pure) and
-re-dispatches the quanta that were in flight: it goes on exactly as the uninterrupted one.
+it, and a snapshot of its state is stored at a cadence with the log position it reflects, so
+a resumed campaign reloads the scheduler (the snapshot, then the few calls logged after it:
+it is pure) and re-dispatches the quanta that were in flight: it goes on exactly as the
+uninterrupted one.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from orchestrator.run.executors import ActorDied, QuantumTimeout, Task
 from orchestrator.run.records import RunRecord, SiteRecord, TargetRecord, target_rollup
 from orchestrator.run.state import RunStore
 from orchestrator.run.stopping import StopRequest, StopRun
-from orchestrator.scheduler import Action, SiteProgress, make_scheduler
+from orchestrator.scheduler import Action, Allocation, SiteProgress, make_scheduler
 from orchestrator.worker import QuantumOutcome, TargetFailure
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 MAX_TIMEOUTS = 2      # quanta over their time limit before a site is retired as timeout
 WAIT_S = 0.5
 PERSIST_S = 5.0       # how often what observers learned (MLflow run ids) is persisted
+SNAPSHOT_CALLS = 256  # scheduler calls between two snapshots of its state (at least; and at least one per site)
 CHECKPOINTS = "checkpoints"
 FINDINGS = "findings"
 
@@ -67,50 +70,125 @@ def scheduler_options(campaign) -> dict:
 
 
 class RecordedScheduler:
-    """The campaign's scheduler, with every call logged in the run-state store (for exact resume)."""
+    """The campaign's scheduler, with every call logged in the run-state store (for exact resume), and
+    a snapshot of its ``state()`` at a cadence: a resume restores the latest snapshot and replays only
+    the calls logged after it.
+
+    Each call, its log row and (when due) the snapshot are written in one transaction, so the snapshot
+    and the log position it reflects always agree. A snapshot is due every ``SNAPSHOT_CALLS`` calls,
+    or every as many calls as there are sites when there are more: ``state()`` costs O(sites), so the
+    cost per call stays flat at any size (a snapshot at every status change would be O(sites) each,
+    O(sites^2) per campaign), and the suffix a resume replays stays short. The controller also takes
+    one when live sites are stopped, at the end, and after a resume."""
 
     def __init__(self, scheduler, store: RunStore) -> None:
         self.scheduler, self.store = scheduler, store
+        self._earlier: list[Allocation] = []     # the grants before the snapshot a resume restored
+        self._since = 0                          # calls logged since the last snapshot
 
     def add_site(self, site_id: str, steps_used: int = 0) -> None:
-        self.store.log_call("add_site", {"site_id": site_id, "steps_used": steps_used})
-        self.scheduler.add_site(site_id, steps_used=steps_used)
+        with self.store.transaction():
+            self.scheduler.add_site(site_id, steps_used=steps_used)
+            self._logged("add_site", {"site_id": site_id, "steps_used": steps_used})
 
     def on_progress(self, progress: SiteProgress) -> None:
-        self.store.log_call("on_progress", dataclasses.asdict(progress))
-        self.scheduler.on_progress(progress)
+        with self.store.transaction():
+            self.scheduler.on_progress(progress)
+            self._logged("on_progress", dataclasses.asdict(progress))
 
     def retire(self, site_id: str, status: str) -> None:
-        self.store.log_call("retire", {"site_id": site_id, "status": status})
-        self.scheduler.retire(site_id, status)
+        with self.store.transaction():
+            self.scheduler.retire(site_id, status)
+            self._logged("retire", {"site_id": site_id, "status": status})
 
     def allocate(self, free_slots: int):
-        self.store.log_call("allocate", {"free_slots": free_slots})
-        return self.scheduler.allocate(free_slots)
+        with self.store.transaction():
+            decisions = self.scheduler.allocate(free_slots)
+            self._logged("allocate", {"free_slots": free_slots, "grants": _grants(decisions)})
+        return decisions
+
+    def _logged(self, call: str, args: dict[str, Any]) -> None:
+        self.store.log_call(call, args)
+        self._since += 1
+        if self._since >= max(SNAPSHOT_CALLS, self.scheduler.registered):
+            self.snapshot()
 
     @property
     def done(self) -> bool:
         return self.scheduler.done
 
     @property
-    def allocation_log(self):
-        return self.scheduler.allocation_log
+    def allocation_log(self) -> list[Allocation]:
+        """Every grant of the campaign (the resumed parts included), in order."""
+        return self._earlier + self.scheduler.allocation_log
 
-    def save_state(self) -> None:
-        """The policy's own statistics (``state()``, when it has one) beside the log, for people and tools."""
-        state = getattr(self.scheduler, "state", None)
-        if callable(state):
-            self.store.put_scheduler_state(self.scheduler.policy, state())
+    def snapshot(self) -> None:
+        """Store the scheduler's ``state()`` at the log's current position (in the open transaction)."""
+        self.store.put_scheduler_state(self.scheduler.policy, self.store.log_position, self.scheduler.state())
+        self._since = 0
+
+    def reload(self, fresh: Callable[[], Any]) -> str:
+        """Rebuild the scheduler from the store: the latest snapshot and the calls logged after it; the
+        whole log when there is no snapshot (a store written before snapshots had a position), or when it
+        cannot be used (corrupt, from another configuration, or the suffix does not replay to the grants
+        it logged): then with a warning, from ``fresh()``. Says which it did ("snapshot" or "log")."""
+        reason = None
+        try:
+            snap = self.store.scheduler_state()
+        except ValueError as exc:
+            snap, reason = None, f"its text is not JSON ({exc})"
+        position = snap[1] if snap is not None else None
+        if snap is not None and position is not None:
+            try:
+                earlier = self.store.grants(position)
+                if earlier is None:
+                    log.info("the run-state store logged grants only after the scheduler snapshot at call %s: "
+                             "replaying the whole log", position)
+                else:
+                    self._restore(snap[0], position, snap[2], earlier)
+                    return "snapshot"
+            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            self.scheduler, self._earlier = fresh(), []
+        if reason is not None:
+            log.warning("the scheduler snapshot of %s cannot be used (%s): rebuilding the scheduler by "
+                        "replaying its whole log", self.store.path, reason)
+        calls = self.store.scheduler_log()
+        replay_scheduler(self.scheduler, calls)
+        self._since = len(calls)
+        return "log"
+
+    def _restore(self, policy: str, position: int, state: Any, earlier: list[tuple[str, int]]) -> None:
+        if policy != self.scheduler.policy:
+            raise ValueError(f"it was taken of a {policy!r} scheduler, this campaign's is {self.scheduler.policy!r}")
+        if not 0 <= position <= self.store.log_position:
+            raise ValueError(f"its position {position} is past the log's end ({self.store.log_position})")
+        self.scheduler.restore(state)
+        calls = self.store.scheduler_log(after=position)
+        replay_scheduler(self.scheduler, calls, check=True)
+        total, self._earlier = 0, []
+        for site_id, steps in earlier:
+            total += steps
+            self._earlier.append(Allocation(site_id, steps, total))
+        self._since = len(calls)
 
 
-def replay_scheduler(scheduler, calls: list[tuple[str, dict[str, Any]]]) -> None:
-    """Rebuild a scheduler's state by making again, in order, every call a run logged."""
+def _grants(decisions) -> list[list[Any]]:
+    """The grants among an allocation's decisions, as the log records them: [site id, steps]."""
+    return [[d.site_id, d.steps] for d in decisions if not d.action.retires]
+
+
+def replay_scheduler(scheduler, calls: list[tuple[str, dict[str, Any]]], check: bool = False) -> None:
+    """Rebuild a scheduler's state by making again, in order, every call a run logged; with ``check``, an
+    allocation that does not make the grants the log recorded is an error (a ValueError)."""
     for call, args in calls:
         if call == "on_progress":
             args = {**args, "losses": tuple(args.get("losses") or ())}
             scheduler.on_progress(SiteProgress(**args))
         elif call == "allocate":
-            scheduler.allocate(args["free_slots"])
+            grants = _grants(scheduler.allocate(args["free_slots"]))
+            if check and "grants" in args and grants != args["grants"]:
+                raise ValueError(f"a replayed allocation granted {grants}, the log recorded {args['grants']}")
         elif call == "add_site":
             scheduler.add_site(args["site_id"], steps_used=args["steps_used"])
         elif call == "retire":
@@ -245,10 +323,15 @@ class Controller:
         self._events.append(lambda: self.observers.site_added(rec))
 
     def restore(self) -> None:
-        """Reload a run from its store: the records, the scheduler (by replaying its log), the checkpoints;
-        stopped sites are reopened and the quanta in flight are dispatched again first."""
+        """Reload a run from its store: the records, the scheduler (its latest snapshot and the calls logged
+        after it), the checkpoints; stopped sites are reopened and the quanta in flight are dispatched again
+        first."""
         self.targets = {t.name: t for t in self.store.targets()}
-        replay_scheduler(self.scheduler.scheduler, self.store.scheduler_log())
+        how = self.scheduler.reload(self._new_scheduler)
+        log.info("scheduler rebuilt from its %s", "snapshot and the calls after it" if how == "snapshot"
+                 else "whole log")
+        with self._txn():
+            self.scheduler.snapshot()          # the next resume replays nothing of what this one did
         for index, rec in enumerate(self.store.sites()):
             self._order[rec.site.id] = index
             self.sites[rec.site.id] = rec
@@ -306,6 +389,7 @@ class Controller:
             for rec in self.sites.values():
                 if not rec.status.final:
                     self.set_status(rec, SiteStatus.STOPPED, reason)
+            self.scheduler.snapshot()          # a resume replays nothing
 
     def _dispatch(self) -> None:
         free = max(0, self.executor.slots - self.executor.running)
@@ -464,12 +548,11 @@ class Controller:
                 self.store.put_target(target, index)
             for rec in self.sites.values():
                 self.store.put_site(rec, self._order[rec.site.id])
-            self.scheduler.save_state()
+            self.scheduler.snapshot()
             self.store.put_run(self.record)
 
     def _persist_learned(self, force: bool = False) -> None:
-        """Every few seconds, persist what observers learned about the records (the MLflow run ids), and the
-        scheduler's own statistics when its policy has a ``state()``."""
+        """Every few seconds, persist what observers learned about the records (the MLflow run ids)."""
         now = time.monotonic()
         if not force and now - self._persisted_at < PERSIST_S:
             return
@@ -480,7 +563,6 @@ class Controller:
                 self.store.put_site(rec, self._order[rec.site.id])
             if changed or self.record.mlflow_run_id != self._stored_ids.get(None):
                 self.store.put_run(self.record)
-            self.scheduler.save_state()       # the policy's statistics, for people and tools
         self._stored_ids.update({rec.site.id: rec.mlflow_run_id for rec in changed})
         self._stored_ids[None] = self.record.mlflow_run_id
 

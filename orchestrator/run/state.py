@@ -11,11 +11,12 @@ Tables (``STORE_VERSION`` in ``meta``):
   finding folder, error, traceback, the latest checkpoint (path relative to the run folder),
   deaths, timeouts, MLflow run id, and the quantum in flight (dispatched, not reported yet);
 - ``scheduler_log``: every call the controller made to the scheduler (``add_site``,
-  ``on_progress``, ``retire``, ``allocate``), in order: the scheduler is pure, so replaying it
-  rebuilds its exact state (its statistics included) and a resumed campaign allocates as the
-  uninterrupted one would;
-- ``scheduler_state``: the scheduler's own ``state()``, when its policy offers one, at the
-  position of the log it reflects (a snapshot for people and tools; resume replays the log);
+  ``on_progress``, ``retire``, ``allocate`` with the grants it made), in order: the scheduler is
+  pure, so replaying it rebuilds its exact state (its statistics included) and a resumed campaign
+  allocates as the uninterrupted one would;
+- ``scheduler_state``: the latest snapshot of the scheduler's ``state()`` and the position of the
+  log it reflects (written in the transaction of the call at that position): a resume restores it
+  and replays only the calls logged after it (the whole log when there is none, or it is unusable);
 - ``transitions``: every change of a site's status, in order (site, status, exit reason, steps, time);
 - ``known_bugs``: what the reuse phase found when it replayed the known bugs of the campaign's targets.
 
@@ -231,21 +232,44 @@ class RunStore:
         return [tuple(r) for r in rows]
 
     # -- the scheduler ---------------------------------------------------------------------------
-    def log_call(self, call: str, args: dict[str, Any]) -> None:
-        """Append one scheduler call to the log (inside the caller's transaction)."""
+    @property
+    def log_position(self) -> int:
+        """The sequence number of the last scheduler call logged (0: none)."""
+        return self._seq
+
+    def log_call(self, call: str, args: dict[str, Any]) -> int:
+        """Append one scheduler call to the log (inside the caller's transaction); its sequence number."""
         self._seq += 1
         self._write("INSERT INTO scheduler_log VALUES (?, ?, ?)", (self._seq, call, _dumps(args)))
+        return self._seq
 
-    def scheduler_log(self) -> list[tuple[str, dict[str, Any]]]:
-        rows = self._db.execute("SELECT call, args FROM scheduler_log ORDER BY seq").fetchall()
+    def scheduler_log(self, after: int = 0) -> list[tuple[str, dict[str, Any]]]:
+        """The logged calls in order; with ``after``, only those logged after that position."""
+        rows = self._db.execute("SELECT call, args FROM scheduler_log WHERE seq > ? ORDER BY seq", (after,)).fetchall()
         return [(call, json.loads(args)) for call, args in rows]
 
-    def put_scheduler_state(self, policy: str, state: Any) -> None:
-        self._write("INSERT OR REPLACE INTO scheduler_state VALUES (1, ?, ?, ?)", (policy, self._seq, _dumps(state)))
+    def grants(self, upto: int) -> list[tuple[str, int]] | None:
+        """The grants (site id, steps) of the ``allocate`` calls logged up to position ``upto``, in order;
+        None when one of them was logged without its grants (by a CDeepFuzz that did not record them)."""
+        out: list[tuple[str, int]] = []
+        for (args,) in self._db.execute("SELECT args FROM scheduler_log WHERE call = 'allocate' AND seq <= ? "
+                                        "ORDER BY seq", (upto,)):
+            grants = json.loads(args).get("grants")
+            if not isinstance(grants, list):
+                return None
+            out.extend((str(site_id), int(steps)) for site_id, steps in grants)
+        return out
 
-    def scheduler_state(self) -> tuple[str, int, Any] | None:
+    def put_scheduler_state(self, policy: str, seq: int, state: Any) -> None:
+        """The scheduler's ``state()`` after the call logged at position ``seq`` (write it in that call's
+        transaction, or in a later one with no call logged in between, so that the two agree)."""
+        self._write("INSERT OR REPLACE INTO scheduler_state VALUES (1, ?, ?, ?)", (policy, seq, _dumps(state)))
+
+    def scheduler_state(self) -> tuple[str, int | None, Any] | None:
+        """The latest snapshot: (policy, the log position it reflects, its state); None when there is none.
+        A ValueError when its text is not JSON."""
         row = self._db.execute("SELECT policy, seq, state FROM scheduler_state WHERE id = 1").fetchone()
-        return (row[0], row[1], json.loads(row[2])) if row else None
+        return (row[0], row[1], json.loads(row[2]) if row[2] is not None else None) if row else None
 
     # -- known bugs --------------------------------------------------------------------------------
     def put_known_bug(self, signature: str, order: int, record: dict[str, Any]) -> None:

@@ -236,6 +236,11 @@ class Scheduler(ABC):
         return not self._live and not self._pending
 
     @property
+    def registered(self) -> int:
+        """How many sites were added (retired ones included)."""
+        return len(self._sites)
+
+    @property
     def allocation_log(self) -> list[Allocation]:
         """The grants made by this object (a restored scheduler's log starts at its restore)."""
         return list(self._log)
