@@ -3,7 +3,9 @@ same steps and the same findings as the uninterrupted campaign (same seed, --loc
 
 The driver is killed deterministically: before its N-th transaction of the run-state store commits
 (a wrapper replaces ``RunStore.commit``; SIGKILL, nothing runs after it), at several N, and once in
-the middle of a quantum (the program waits on a hold file and says so in a mark file)."""
+the middle of a quantum (the program waits on a hold file and says so in a mark file). The scheduler
+is snapshotted every few calls, so each resume restores a snapshot and replays only the calls logged
+after it (the full-replay paths are tested in test_scheduler_state.py)."""
 from __future__ import annotations
 
 import json
@@ -37,6 +39,17 @@ def commit(self):
     real(self)
 
 state.RunStore.commit = commit
+
+from orchestrator.run import controller
+controller.SNAPSHOT_CALLS = int(os.environ.get("CDF_SNAPSHOT_CALLS", controller.SNAPSHOT_CALLS))
+reload = controller.RecordedScheduler.reload
+
+def reloaded(self, fresh):
+    how = reload(self, fresh)
+    print(f"scheduler-from={how}", file=sys.stderr, flush=True)
+    return how
+
+controller.RecordedScheduler.reload = reloaded
 atexit.register(lambda: print(f"commits={sum(s.commits for s in stores)}", file=sys.stderr, flush=True))
 from orchestrator.cli import main
 sys.argv = ["cdeepfuzz", *sys.argv[1:]]
@@ -64,9 +77,13 @@ def _campaign(tmp_path: Path, out: str, extra_target: str = "") -> Path:
     return path
 
 
+SNAPSHOT_CALLS = 5    # a snapshot of the scheduler every few calls: a resume loads one and replays the rest
+
+
 def _env(kill_at: int = 0) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env["CDF_KILL_AT_COMMIT"] = str(kill_at)
+    env["CDF_SNAPSHOT_CALLS"] = str(SNAPSHOT_CALLS)
     return env
 
 
@@ -114,6 +131,7 @@ def _resume_and_compare(tmp_path: Path, run_dir: Path, expected: dict) -> None:
     before = json.loads((run_dir / "summary.json").read_text())["run"]["mlflow_run_id"]
     resumed = _run(tmp_path, ["--resume", str(run_dir)])
     assert resumed.returncode == expected["exit_code"], resumed.stderr[-3000:]
+    assert "scheduler-from=snapshot" in resumed.stderr      # the latest snapshot and the calls after it
     got = _outcome(run_dir)
     assert got["allocation"] == expected["allocation"]          # the same decisions, in the same order
     assert got["sites"] == expected["sites"]                    # the same steps, losses and findings
