@@ -224,3 +224,12 @@ def test_the_watch_cost_is_measured_on_the_same_steps_and_judged_by_paired_ratio
     assert cost["paired"]["q1"] <= cost["paired"]["median"] <= cost["paired"]["q3"]
     text = cost_report(cost)
     assert f"**{cost['paired']['median']:.2f}x**" in text and "target <= 1.3x" in text
+
+
+def test_precision_runs_on_one_subject():
+    proc = subprocess.run([sys.executable, "benchmarks/precision.py", "--only", "mp_attn_softmax", "--max-steps", "10",
+                           "--guard-steps", "3", "--no-overhead", "--no-write"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| mp_attn_softmax | found | forward |" in proc.stdout, proc.stdout[-2000:]
+    assert "Guarded twins clean: **1/1**" in proc.stdout, proc.stdout[-2000:]
