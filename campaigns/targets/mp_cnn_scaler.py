@@ -12,8 +12,8 @@ scaler backs off from 65,536 to the scale the first batches allow (16 for seed 0
 
 Bug (fp16 only; a loss-scale collapse): the convolutions' weight gradients, computed in
 float16 by autocast's backward, are sums over every pixel of the batch. A saturated frame
-(an over-exposed camera) makes the counter extrapolate to ~200 people on every image: the
-count error and the true (unscaled) weight gradients (~3e5) are past float16's 65,504
+(an over-exposed camera) makes the counter extrapolate to far more people than any scene holds: the
+count error and the true (unscaled) weight gradients (~3.7e5) are past float16's 65,504
 whatever the scale >= 1. Each step on such a batch is skipped and the scale halves, step
 after step, until it falls below 1 (7 consecutive skips: 16 -> 0.125), where ordinary
 gradients start to underflow. In fp32 (``amp=False``: autocast and the scaler disabled, as
