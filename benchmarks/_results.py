@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import platform
 import re
+import statistics
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -33,3 +35,26 @@ def table(headers: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def interleaved_cost(steps: dict, reset, repeats: int, warmup: int, base: str = "plain",
+                     watched: str = "watched") -> dict:
+    """Median wall and CPU seconds of each step in ``steps`` (name -> callable), run in turn after
+    ``reset()`` for ``warmup + repeats`` rounds, and the median (with quartiles) of the per-round
+    ratios ``watched / base`` of CPU time: each round's two steps run back to back under the same
+    load, so their ratio moves less with the machine's other users than the ratio of two medians."""
+    wall: dict[str, list[float]] = {k: [] for k in steps}
+    cpu: dict[str, list[float]] = {k: [] for k in steps}
+    for i in range(warmup + repeats):
+        for key, fn in steps.items():
+            reset()
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            if i >= warmup:
+                wall[key].append(time.perf_counter() - t0)
+                cpu[key].append(time.process_time() - c0)
+    pairs = sorted(w / p for w, p in zip(cpu[watched], cpu[base]))
+    return {"wall": {k: statistics.median(v) for k, v in wall.items()},
+            "cpu": {k: statistics.median(v) for k, v in cpu.items()}, "repeats": repeats, "warmup": warmup,
+            "paired": {"median": statistics.median(pairs), "q1": pairs[len(pairs) // 4],
+                       "q3": pairs[(3 * len(pairs)) // 4]}}

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._results import table, write_section  # noqa: E402
+from benchmarks._results import interleaved_cost, table, write_section  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -181,21 +181,7 @@ def autocast_overhead(repeats: int = 41, warmup: int = 3) -> dict:
     steps = {"plain": plain,
              "watched": lambda: runner.evaluate(values, site, grad=False, train=True, seed=0),
              "search_step": lambda: runner.evaluate(values, site, grad=True, train=True, seed=0)}
-    wall: dict[str, list[float]] = {k: [] for k in steps}
-    cpu: dict[str, list[float]] = {k: [] for k in steps}
-    for i in range(warmup + repeats):
-        for key, fn in steps.items():
-            runner.reset()
-            t0, c0 = time.perf_counter(), time.process_time()
-            fn()
-            if i >= warmup:
-                wall[key].append(time.perf_counter() - t0)
-                cpu[key].append(time.process_time() - c0)
-    pairs = sorted(w / p for w, p in zip(cpu["watched"], cpu["plain"]))
-    return {"wall": {k: statistics.median(v) for k, v in wall.items()},
-            "cpu": {k: statistics.median(v) for k, v in cpu.items()}, "repeats": repeats, "warmup": warmup,
-            "paired": {"median": statistics.median(pairs), "q1": pairs[len(pairs) // 4],
-                       "q3": pairs[(3 * len(pairs)) // 4]}}
+    return interleaved_cost(steps, runner.reset, repeats, warmup)
 
 
 def overhead_report(cost: dict) -> str:

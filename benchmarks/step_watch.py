@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._results import table, write_section  # noqa: E402
+from benchmarks._results import interleaved_cost, table, write_section  # noqa: E402
 
 STRATEGIES = ("adaptive", "grist", "random")
 
@@ -209,23 +209,7 @@ def watch_overhead(repeats: int = 41, warmup: int = 3) -> dict[str, dict[str, fl
     steps = {"plain": plain,
              "watched": lambda: runner.evaluate(values, site, grad=False, train=True, seed=0),
              "search_step": lambda: runner.evaluate(values, site, grad=True, train=True, seed=0)}
-    wall: dict[str, list[float]] = {k: [] for k in steps}
-    cpu: dict[str, list[float]] = {k: [] for k in steps}
-    for i in range(warmup + repeats):
-        for key, fn in steps.items():
-            runner.reset()
-            t0, c0 = time.perf_counter(), time.process_time()
-            fn()
-            if i >= warmup:
-                wall[key].append(time.perf_counter() - t0)
-                cpu[key].append(time.process_time() - c0)
-    # each repeat's plain and watched steps run back to back under the same load: the median of
-    # their ratios moves less with the machine's other users than the ratio of two medians
-    pairs = sorted(w / p for w, p in zip(cpu["watched"], cpu["plain"]))
-    return {"wall": {k: statistics.median(v) for k, v in wall.items()},
-            "cpu": {k: statistics.median(v) for k, v in cpu.items()}, "repeats": repeats, "warmup": warmup,
-            "paired": {"median": statistics.median(pairs), "q1": pairs[len(pairs) // 4],
-                       "q3": pairs[(3 * len(pairs)) // 4]}}
+    return interleaved_cost(steps, runner.reset, repeats, warmup)
 
 
 # ---- report -------------------------------------------------------------------------------
