@@ -53,7 +53,7 @@ def precision_facts(runner, spec, site: OpSite, inputs: dict[str, np.ndarray], s
     key = None
     if first_op and first_op.get("op") == HALF_OVERFLOW:
         key = (HALF_OVERFLOW, str(first_op.get("location", "")), int(first_op.get("occurrence", 0)))
-    elif site.op == HALF_OVERFLOW:
+    elif not first_op and site.op == HALF_OVERFLOW:     # a first op that is another row's: its value is not this
         key = site.key
     if key is not None and hasattr(runner, "measure"):
         try:
