@@ -1,7 +1,9 @@
 """The benchmark subjects: every program in campaigns/targets/, buggy or guarded.
 
 A guarded twin's file name says so (``*_guarded.py``, ``*_clamped.py``); TensorFlow
-subjects start with ``tf_``. Entries are relative to the repository root.
+subjects start with ``tf_``. Mixed-precision subjects (``mp_*``, ``*_mixed*``) are bugs only under
+a campaign's ``precision:``: they are not here but in ``benchmarks/precision.py``. Entries are
+relative to the repository root.
 """
 from __future__ import annotations
 
@@ -9,6 +11,11 @@ from pathlib import Path
 
 TARGETS = Path(__file__).resolve().parent.parent / "campaigns" / "targets"
 GUARD_MARKS = ("guarded", "clamped")
+
+
+def mixed_precision(name: str) -> bool:
+    """A subject whose bug needs lower precision (searched by benchmarks/precision.py)."""
+    return name.startswith("mp_") or "_mixed" in name
 
 
 def subject_entry(name: str) -> str:
@@ -20,7 +27,7 @@ def _entries(tf: bool) -> tuple[dict[str, str], dict[str, str]]:
     buggy, guarded = {}, {}
     for path in sorted(TARGETS.glob("*.py")):
         name = path.stem
-        if name.startswith("_") or name.startswith("tf_") != tf:
+        if name.startswith("_") or name.startswith("tf_") != tf or mixed_precision(name):
             continue
         (guarded if any(m in name for m in GUARD_MARKS) else buggy)[name] = subject_entry(name)
     return buggy, guarded
