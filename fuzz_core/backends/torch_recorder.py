@@ -287,6 +287,10 @@ class Recorder(FlagBook):
                 self._pending[id(a)] = a.clone()
 
     def _flag_nan(self, out, kind: str, location: str, index: int) -> int:
+        if type(out) is torch.Tensor:      # most ops: one plain tensor, no pytree walk
+            if not (out.is_floating_point() and out.numel()):
+                return -1
+            return self.push(_has_nan(out), (kind, location, index))
         tensors = [t for t in tree_leaves(out)
                    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
         if not tensors:
