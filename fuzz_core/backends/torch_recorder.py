@@ -63,6 +63,7 @@ class _OpInfo:
     spec: OpSpec | None
     check: bool
     new_nan: bool                  # its output is checked for NaN (it can make one)
+    plain_view: bool               # a view that writes nothing: no new values, no new memory
     out_spec: OpSpec | None        # its output-range row (half_overflow), judged where the output is half
     writes: tuple[int, ...]        # positional arguments the op writes (self of an in-place op)
     write_kwargs: tuple[str, ...]  # keyword arguments it writes (out=)
@@ -131,8 +132,9 @@ class Recorder(FlagBook):
             writes, write_kwargs = _schema_writes(func)
             check = not func.is_view and packet not in _PASS_THROUGH
             out_spec = self.catalogue.for_torch_output(packet if namespace == "aten" else f"{namespace}::{packet}")
+            plain_view = bool(func.is_view and spec is None and not writes and not write_kwargs)
             hit = self.info_cache[func] = _OpInfo(packet, kind, spec, check, check and packet not in _NO_NEW_NAN,
-                                                  out_spec if check else None, writes, write_kwargs)
+                                                  plain_view, out_spec if check else None, writes, write_kwargs)
         return hit
 
     def push(self, flag, op: tuple[str, str, int] | None = None) -> int:
@@ -146,7 +148,11 @@ class Recorder(FlagBook):
     def handle(self, func, args: tuple, kwargs: dict):
         if _in_backward():   # a backward run inside the program: its ops are not forward sites
             return func(*args, **kwargs)
-        info = self.info(func)
+        info = self.info_cache.get(func) or self.info(func)
+        if info.plain_view:
+            # Half a Transformer's ops. Its memory is its base's: the base was allowed to be written
+            # (made in this pass, or tracked state) or it was not, and a view must not change that.
+            return func(*args, **kwargs)
         written = self._written(info, args, kwargs) if (info.writes or info.write_kwargs) else ()
         if written:
             if self._watch:
