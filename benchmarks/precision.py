@@ -25,13 +25,14 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._results import interleaved_cost, table, write_section  # noqa: E402
+from benchmarks.step_watch import Outcome, SiteOutcome  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -67,51 +68,11 @@ def options_for(subject: Subject):
                                              policy=subject.policy))
 
 
-@dataclass
-class SiteOutcome:
-    site: str
-    status: str
-    steps: int
-    seconds: float
-    phase: str | None = None
-    first_op: str | None = None
-    replays: tuple[int, int] | None = None
-    facts: dict = field(default_factory=dict)
-    error: str | None = None
-
-    @property
-    def found(self) -> bool:
-        return self.replays is not None and self.replays[0] > 0
-
-
-@dataclass
-class Outcome:
-    sites: list[SiteOutcome] = field(default_factory=list)
-    build_error: str | None = None
-
-    @property
-    def best(self) -> SiteOutcome | None:
-        found = [s for s in self.sites if s.replays is not None]
-        return min(found, key=lambda s: (s.steps, s.seconds)) if found else None
-
-
-def _get(obj, name: str, default=None):
-    """A finding's field (an attribute, or a key of its report) or ``default``: the precision facts
-    are newer than some engines this script may run against."""
-    value = getattr(obj, name, None)
-    if value is None and hasattr(obj, "report"):
-        try:
-            value = obj.report().get(name)
-        except Exception:  # noqa: BLE001 - a report that cannot be built has no facts
-            value = None
-    return default if value is None else value
-
-
 def precision_facts(finding) -> dict:
-    overflow = _get(finding, "overflow", {}) or {}
-    return {"precision_only": _get(finding, "precision_only"), "dtype": overflow.get("dtype"),
+    overflow = finding.overflow or {}
+    return {"precision_only": finding.precision_only, "dtype": overflow.get("dtype"),
             "value": overflow.get("value"), "limit": overflow.get("limit"), "excess": overflow.get("excess"),
-            "scaler_skips": _get(finding, "scaler_skips")}
+            "scaler_skips": finding.scaler_skips}
 
 
 def search_subject(name: str, subject: Subject, max_steps: int, seed: int = 0) -> Outcome:

@@ -94,6 +94,7 @@ class SiteOutcome:
     met_nonfinite: bool = False        # some step of this search saw a non-finite value
     error: str | None = None
     finding: object = None
+    facts: dict = field(default_factory=dict)   # what a benchmark reads off the finding (precision facts)
 
     @property
     def found(self) -> bool:
@@ -108,6 +109,7 @@ class SiteOutcome:
 @dataclass
 class Outcome:
     sites: list[SiteOutcome] = field(default_factory=list)
+    build_error: str | None = None     # the target could not be built (a result to report)
 
     @property
     def best(self) -> SiteOutcome | None:
