@@ -214,8 +214,9 @@ def test_the_step_checks_see_every_nonfinite_value_and_no_other(dtype, bad):
     """The update/gradient check (a sum first, settled by both ends) and the input check of a
     searched call (both ends) find inf, -inf and NaN in any float dtype, and pass finite values,
     among them finite values whose sum overflows the dtype (a false alarm of the sum alone)."""
-    from fuzz_core.backends.torch import _maybe_nonfinite, _nonfinite
+    from fuzz_core.backends.torch import _maybe_nonfinite
     from fuzz_core.backends.torch_recorder import _all_finite, any_nonfinite
+    from fuzz_core.backends.torch_recorder import nonfinite as _nonfinite
 
     big = torch.finfo(dtype).max / 2
     tensors = [torch.ones(3, dtype=dtype), torch.full((64,), big, dtype=dtype), torch.empty(0, dtype=dtype)]
