@@ -170,9 +170,10 @@ def test_the_plain_tensor_finding_replays_in_a_fresh_build_and_counts_its_real_s
                      target_site, res.candidate)
 
 
-def cached(seed: int = 0) -> Target:
+def cached(seed: int = 0, through_view: bool = False) -> Target:
     """A program that keeps a running mean in a tensor it creates on its first call: the walk,
-    made when the target is built, cannot find what does not exist yet."""
+    made when the target is built, cannot find what does not exist yet. ``through_view``: it
+    scales the mean through a view of it (``running.view(2, 2).mul_``)."""
     torch.manual_seed(seed)
     net = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -183,7 +184,8 @@ def cached(seed: int = 0) -> Target:
         if "mean" not in memo:
             memo["mean"] = torch.zeros(4)
         running = memo["mean"]
-        running.mul_(0.5).add_(0.5 * x.mean(0).detach())
+        (running.view(2, 2) if through_view else running).mul_(0.5)
+        running.add_(0.5 * x.mean(0).detach())
         return torch.log(torch.sigmoid(net(x - running))).neg().mean()
 
     return Target(program=program, sample=_sample, model=net, optimizer=opt, bounds={"x": (0.0, 10.0)}, search=["x"])
@@ -212,28 +214,9 @@ def test_a_write_the_engine_cannot_undo_is_caught_and_sites_get_their_own_builds
         assert worker.searches[sites[0].id].runner is not worker.searches[sites[-1].id].runner
 
 
-def cached_view(seed: int = 0) -> Target:
-    """:func:`cached`, writing its running mean through a view (``running.view(2, 2).mul_``)."""
-    torch.manual_seed(seed)
-    net = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    memo: dict = {}
-
-    def program(batch):
-        x = batch["x"]
-        if "mean" not in memo:
-            memo["mean"] = torch.zeros(4)
-        running = memo["mean"]
-        running.view(2, 2).mul_(0.5)
-        running.add_(0.5 * x.mean(0).detach())
-        return torch.log(torch.sigmoid(net(x - running))).neg().mean()
-
-    return Target(program=program, sample=_sample, model=net, optimizer=opt, bounds={"x": (0.0, 10.0)}, search=["x"])
-
-
 def test_a_write_through_a_view_of_memory_the_engine_cannot_undo_is_caught_too():
     """A view shares its base's memory: making one must not make an untracked base writable."""
-    runner = TorchRunner("cached_view", cached_view())
+    runner = TorchRunner("cached_view", cached(through_view=True))
     discover_sites(runner, 0)
     assert not runner.untracked, "the first pass only created the cache"
     discover_sites(runner, 0)
