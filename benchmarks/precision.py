@@ -24,7 +24,6 @@ import argparse
 import math
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._results import interleaved_cost, table, write_section  # noqa: E402
-from benchmarks.step_watch import Outcome, SiteOutcome  # noqa: E402
+from benchmarks.step_watch import Outcome, search_sites  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -75,43 +74,27 @@ def precision_facts(finding) -> dict:
             "scaler_skips": finding.scaler_skips}
 
 
+def _op_kind_at(first: dict) -> str:
+    op, kind = first.get("op"), first.get("kind")
+    return f"{op}{'' if kind in (None, op) else f' ({kind})'}@{first.get('location')}"
+
+
 def search_subject(name: str, subject: Subject, max_steps: int, seed: int = 0) -> Outcome:
-    from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from
-    from fuzz_core.search import SearchConfig, SiteSearch
+    from fuzz_core.engine import TargetSpec, build_runner, discover_sites
 
     spec = TargetSpec(name, entry(name), framework=subject.framework, seed=seed)
     out = Outcome()
     try:
         runner = build_runner(spec, options_for(subject))
-        sites = [s for s in discover_sites(runner, seed) if s.searched]
+        sites = discover_sites(runner, seed)
     except Exception as exc:  # noqa: BLE001 - a subject the engine cannot build is a result to report
         out.build_error = repr(exc)[:200]
         return out
-    config = SearchConfig(strategy="adaptive", max_steps=max_steps, seed=seed, reach_steps=0)
-    for site in sites:
-        label = f"{site.op}@{str(site.location).rsplit(':', 1)[-1]}#{site.occurrence}"
-        t0 = time.perf_counter()
-        try:
-            result = SiteSearch(runner, site, config).run(max_steps)
-        except Exception as exc:  # noqa: BLE001 - an engine crash is a result to report
-            out.sites.append(SiteOutcome(label, "crash", 0, time.perf_counter() - t0, error=repr(exc)[:200]))
-            continue
-        so = SiteOutcome(label, result.status.value, result.steps, time.perf_counter() - t0)
-        cand = result.candidate
-        if cand is not None:
-            so.phase = cand.phase
-            try:
-                finding = finding_from(runner, spec, site, config, cand, result.seconds, minimise_batch=False)
-            except Exception as exc:  # noqa: BLE001
-                so.error = f"finding_from: {exc!r}"[:200]
-            else:
-                so.replays = tuple(finding.replays)
-                so.phase = finding.phase
-                first = finding.first_op or {}
-                op, kind = first.get("op"), first.get("kind")
-                so.first_op = f"{op}{'' if kind in (None, op) else f' ({kind})'}@{first.get('location')}"
-                so.facts = precision_facts(finding)
-        out.sites.append(so)
+    out.sites = search_sites(runner, spec, sites, "adaptive", max_steps, seed, describe=_op_kind_at)
+    for so in out.sites:
+        if so.finding is not None:
+            so.facts = precision_facts(so.finding)
+            so.finding = None
     return out
 
 

@@ -133,22 +133,36 @@ def _watched(runner) -> dict:
 
 
 def search_subject(name: str, strategy: str, max_steps: int, seed: int = 0) -> Outcome:
-    from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from
-    from fuzz_core.search import SearchConfig, SiteSearch
+    from fuzz_core.engine import TargetSpec, build_runner, discover_sites
 
     spec = TargetSpec(name, entry(name), seed=seed)
     runner = build_runner(spec)
+    return Outcome(search_sites(runner, spec, discover_sites(runner, seed), strategy, max_steps, seed))
+
+
+def _op_at(first: dict) -> str:
+    return f"{first.get('op')}@{first.get('location')}"
+
+
+def search_sites(runner, spec, sites, strategy: str, max_steps: int, seed: int = 0,
+                 describe=_op_at) -> list[SiteOutcome]:
+    """Search every searched site of a built target from the factory's state, confirm each
+    candidate (``finding_from``: fresh replays), and note any step that met a non-finite value;
+    ``describe`` names a finding's first op."""
+    from fuzz_core.engine import finding_from
+    from fuzz_core.search import SearchConfig, SiteSearch
+
     seen = _watched(runner)
     config = SearchConfig(strategy=strategy, max_steps=max_steps, seed=seed, reach_steps=0)
-    out = Outcome()
-    for site in [s for s in discover_sites(runner, seed) if s.searched]:
+    out: list[SiteOutcome] = []
+    for site in [s for s in sites if s.searched]:
         seen["nonfinite"] = False
         label = f"{site.op}@{site.location.rsplit(':', 1)[-1]}#{site.occurrence}"
         t0 = time.perf_counter()
         try:
             result = SiteSearch(runner, site, config).run(max_steps)
         except Exception as exc:  # noqa: BLE001 - an engine crash is a result to report
-            out.sites.append(SiteOutcome(label, "crash", 0, time.perf_counter() - t0, error=repr(exc)[:200]))
+            out.append(SiteOutcome(label, "crash", 0, time.perf_counter() - t0, error=repr(exc)[:200]))
             continue
         seconds = time.perf_counter() - t0
         in_trace = any(p.triggered or p.event == "trigger" for p in result.trace)
@@ -165,9 +179,8 @@ def search_subject(name: str, strategy: str, max_steps: int, seed: int = 0) -> O
                 so.finding = finding
                 so.replays = tuple(finding.replays)
                 so.phase = finding.phase
-                first = finding.first_op or {}
-                so.first_op = f"{first.get('op')}@{first.get('location')}"
-        out.sites.append(so)
+                so.first_op = describe(finding.first_op or {})
+        out.append(so)
     return out
 
 
