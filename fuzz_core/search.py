@@ -153,6 +153,9 @@ class SiteSearch:
         self._t0 = 0.0
         self.candidate: Candidate | None = None
         self._parked: dict[str, np.ndarray] | None = None   # model state kept aside by park()
+        # every step from the site's start state (see freeze()): the program's training step still
+        # runs and is watched, its writes are undone before the next step
+        self.frozen = False
 
     # -- what strategies use ------------------------------------------------------------
     @property
@@ -189,6 +192,8 @@ class SiteSearch:
         if self.step >= self._end:
             raise QuantumOver
         seed = step_seed(self.config.seed, self.site.id, self.step if seed_step is None else seed_step)
+        if self.frozen:
+            self.runner.reset()
         ev = self.runner.evaluate(values, self.site, grad=grad, train=True, seed=seed)
         self.step += ev.passes
         self.trained = self.trained or ev.trained
@@ -204,11 +209,21 @@ class SiteSearch:
             values.update(ev.weights)
         return ev
 
+    def freeze(self) -> None:
+        """From now on every step starts from the site's start state (the factory's): the program's
+        training on the searched batches undid the search's progress (a hazard on the loss itself,
+        which the training step lowers on the very batch that raises it), so the state it trained
+        into is given up. The training step still runs after each forward pass and is watched (a
+        backward or update bug on the batch is still found); only its writes are undone."""
+        self.frozen = True
+        self.runner.reset()
+
     def _changed_state(self) -> dict[str, np.ndarray] | None:
         """The runner's model state when it is no longer the factory's (trained, searched, or
         moved by the program's own forward passes)."""
         changed = getattr(self.runner, "state_changed", None)
-        if self.trained or self.config.search_weights or (changed is not None and changed()):
+        trained = self.trained and not self.frozen      # a frozen site's steps start from the factory's
+        if trained or self.config.search_weights or (changed is not None and changed()):
             return self.runner.get_state()
         return None
 
@@ -277,7 +292,7 @@ class SiteSearch:
         strategy_arrays, meta_strategy = _split("strategy.", self.strategy_state)
         arrays.update(strategy_arrays)
         meta = {"step": self.step, "best": self.best, "trained": self.trained, "seconds": self.seconds,
-                "unreachable": self.unreachable, "rng": self.rng.bit_generator.state,
+                "unreachable": self.unreachable, "frozen": self.frozen, "rng": self.rng.bit_generator.state,
                 "strategy": meta_strategy, "bounds": {k: list(v) for k, v in self.bounds.items()},
                 "cache": {}}
         for key, ev in self.cache.items():
@@ -296,6 +311,7 @@ class SiteSearch:
         self.step, self.best = int(meta["step"]), float(meta["best"])
         self.trained, self.seconds = bool(meta["trained"]), float(meta["seconds"])
         self.unreachable = bool(meta.get("unreachable", False))
+        self.frozen = bool(meta.get("frozen", False))
         self.rng.bit_generator.state = meta["rng"]
         self.bounds = {k: (float(v[0]), float(v[1])) for k, v in meta["bounds"].items()}
 

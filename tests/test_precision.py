@@ -128,6 +128,37 @@ def test_underflow_to_zero_then_log_is_the_log_row_under_autocast():
     assert not r32.check(x, 0).event
 
 
+# ---- a hazard the program's own training fights ------------------------------------------------------
+
+def test_summed_loss_is_found_once_the_search_stops_keeping_the_training_that_undoes_it():
+    """mp_sum_loss: the fp16 ``.sum()`` of the loss overflows when the whole batch's error is large;
+    each training step on such a batch teaches the student to match the teacher there (the loss is
+    what it lowers), faster than the search raises it. The recheck sees the training take the
+    progress back and freezes the site at its start state: found, and precision-only."""
+    from fuzz_core.search import SiteSearch
+
+    spec = TargetSpec("mp_sum_loss", "campaigns/targets/mp_sum_loss.py:make_target")
+    r = build_runner(spec, RunnerOptions(precision=FP16))
+    (site,) = [s for s in half_sites(r) if s.kind == "sum"]
+    config = SearchConfig("adaptive", 40, 0, reach_steps=0)
+    search = SiteSearch(r, site, config)
+    result = search.run(40)
+    assert result.status.value == "found" and search.frozen, [(p.event, p.suspect_loss) for p in result.trace]
+    assert any(p.event == "recheck" for p in result.trace)
+    arrays, meta = search.checkpoint()                              # a resumed site stays frozen
+    again = SiteSearch(r, site, config)
+    again.restore(arrays, meta)
+    assert meta["frozen"] is True and again.frozen
+    cand = result.candidate
+    assert cand.first_op.kind == "sum"
+    r.reset()
+    factory = r.get_state()                                          # the step ran from the factory's state
+    assert all(np.array_equal(cand.state[k], v) for k, v in factory.items() if k.startswith("model."))
+    finding = finding_from(r, spec, site, config, cand, result.seconds, minimise_batch=False)
+    assert finding.replays == (3, 3) and finding.precision_only is True
+    assert finding.overflow["dtype"] == "float16" and finding.overflow["excess"] > 1
+
+
 # ---- GradScaler -----------------------------------------------------------------------------------
 
 def test_grad_scaler_skips_are_counted_not_reported_and_a_collapse_is_an_update_finding():

@@ -21,6 +21,11 @@ Each iteration proposes, in order, until one lowers the hard-minimum margin:
    Floating point is discrete: a gradient step rarely lands *exactly* on a zero
    divisor or makes two vectors exactly parallel; these values do.
 
+In a program that trains, the first failed list of a point re-measures that point: when the
+training steps on the tried batches took back most of the search's progress (a hazard on the
+loss itself, which training lowers), the site goes on from its start state with its training
+steps undone after each step (:meth:`SiteSearch.freeze`).
+
 A site that stalls refreshes its least important samples (importance: how far each
 sample's suspect loss moved). Every forward pass counts as a step. Candidates are
 compared under the same randomness of the program (dropout masks, noise: common
@@ -59,6 +64,8 @@ QN_MAX_SIZE = 1 << 20    # searched elements above which it is not used (memory:
 MAX_TIES = 4             # consecutive gradient steps accepted on an unchanged (quantised) margin
 NONMONOTONE = 3          # a tie is measured against the largest of this many accepted margins
 SLOW = 0.5               # an accepted step that kept more than this fraction of the margin was slow
+RECHECKS = 2             # re-measurements of the current point, per site, of a program that trains
+UNDONE = 0.5             # training that took back more than this share of the search's progress fights it
 
 
 class Adaptive(Strategy):
@@ -76,6 +83,7 @@ class Adaptive(Strategy):
             st["seed_step"] = s.step          # candidates share this step's randomness until a refresh
             cur = s.evaluate(s.values, seed_step=st["seed_step"])
             note_reachability(s, cur)
+            st.setdefault("origin", float(cur.hard))     # the site's first margin: what progress is measured from
             self._accept(s, s.values, cur, "step")
             if s.unreachable:
                 return
@@ -95,6 +103,8 @@ class Adaptive(Strategy):
         st["open"] = False
         st["stall"] = st.get("stall", 0) + 1
         st["prefer"] = None
+        if not mutated and self._recheck(s, cur):
+            return
         if not mutated:      # the same list grows by the mutations: go on where it stopped
             return
         st["tried"] = 0
@@ -104,6 +114,32 @@ class Adaptive(Strategy):
             refresh_samples(s, REFRESH_FRACTION, cur.per_sample)
             s.cache.pop("current", None)
             forget_curvature(st)
+
+    def _recheck(self, s, cur: Evaluation) -> bool:
+        """A program that trains has taken a training step on every batch this point's proposals
+        tried: the current point's margin is stale. Measure it again (one step, the same
+        randomness). When the training took back more than :data:`UNDONE` of the progress the
+        search made from the site's first margin, it fights the search (a hazard on the loss
+        itself: each step on a batch that raises it teaches the program to lower it, faster than
+        the search can follow): the site goes on from its start state, its training steps still run
+        and watched but undone (:meth:`SiteSearch.freeze`), and True. Otherwise the list goes on
+        where it stopped (its mutations next), from the point as it was measured."""
+        st = s.strategy_state
+        origin = st.get("origin")
+        if (not s.trained or s.frozen or st.get("rechecks", 0) >= RECHECKS or origin is None
+                or not cur.hard < origin or not math.isfinite(cur.hard)):
+            return False
+        st["rechecks"] = st.get("rechecks", 0) + 1
+        ev = s.evaluate(s.values, event="recheck", seed_step=st.get("seed_step"))
+        if not ev.seen:
+            return False
+        if not ev.hard - cur.hard > UNDONE * (origin - cur.hard):
+            return False
+        s.freeze()
+        s.cache.pop("current", None)
+        forget_curvature(st)
+        st["tried"] = 0
+        return True
 
     def refresh(self, s, fraction: float) -> None:
         """The scheduler saw a plateau. The first time, walk out of the local minimum (the
