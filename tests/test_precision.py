@@ -185,6 +185,40 @@ def test_grad_scaler_skips_are_counted_not_reported_and_a_collapse_is_an_update_
     assert not r32.check(big, 1).event
 
 
+def test_program_owned_scaler_skips_are_counted_and_its_float32_replay_is_float32():
+    """mp_cnn_scaler runs its own AMP loop (``torch.autocast(enabled=amp)`` and a GradScaler in its
+    train_step; ``amp`` is a factory argument, True by default): the float32 re-check builds it as
+    the factory does and replays it with every autocast region disabled, and the skips its own
+    scaler makes on the found values are counted (the docstring's 7: 16 -> 0.125)."""
+    from campaigns.targets.mp_cnn_scaler import witness
+    from fuzz_core.precision import precision_facts
+
+    spec = TargetSpec("mp_cnn_scaler", "campaigns/targets/mp_cnn_scaler.py:make_target")
+    r = build_runner(spec, RunnerOptions(precision=FP16))
+    assert r.scaler is None and len(r.program_scalers) == 1       # the engine adds no scaler of its own
+    scaler = r.program_scalers[0]
+    batch = witness(r.target)
+    r.reset()
+    start = scaler.get_scale()
+    c = r.check(batch, 0)
+    assert c.event and c.phase == "backward" and c.scaler_skips == 7, c
+    r.reset()
+    assert scaler.get_scale() == start                               # reset with the rest of the state
+    sampled = r.sample(np.random.default_rng(3))
+    assert r.check(sampled, 0).scaler_skips == 0
+    r32 = build_runner(spec, RunnerOptions())                        # fp32 campaign: the program's amp is still on
+    assert r32.check(batch, 0).event
+    r32.reset()
+    with r32.float32():
+        assert not r32.check(batch, 0).event                         # its float32 program: finite
+        assert not torch.is_autocast_enabled("cpu")
+    with torch.autocast("cpu", dtype=torch.float16):                 # and autocast works again after it
+        assert torch.is_autocast_enabled("cpu")
+    (site,) = [s for s in discover_sites(r, 0) if s.searched][:1]
+    facts = precision_facts(r, spec, site, batch, None, 0, c.first_op.to_dict())
+    assert facts["precision_only"] is True and facts["scaler_skips"] == 7
+
+
 def test_state_saves_and_restores_the_scale():
     _, r = runner("make_scaled", SCALED)
     (site,) = half_sites(r)

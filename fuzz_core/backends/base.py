@@ -82,7 +82,7 @@ class CheckResult:
     triggered: dict[tuple[str, str, int], bool] = field(default_factory=dict)  # site key -> own hazard fired
     program_loss: float = float("nan")
     phase: str | None = None            # forward | backward | update, with ``event``
-    scaler_skips: int = 0               # precision.grad_scaler: consecutive steps the GradScaler skipped on this input
+    scaler_skips: int = 0               # consecutive steps a GradScaler (the engine's, or the program's own) skipped on this input
 
 
 INPUT_RANGE = 1.0      # the README's default of ``search.input_range``

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 from typing import Any
 
@@ -22,7 +22,7 @@ from fuzz_core.backends.base import OpRef
 from fuzz_core.backends.torch_recorder import (
     Recorder, RecordingMode, WatchMode, any_nonfinite, nonfinite, nonfinite_of,
 )
-from fuzz_core.backends.torch_state import TorchState, WriteWatch, storage_of
+from fuzz_core.backends.torch_state import TorchState, WriteWatch, is_grad_scaler, storage_of
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue, log_floor
 from fuzz_core.sites import OpSite, relative_path
 from fuzz_core.target import Target, TargetError
@@ -206,6 +206,10 @@ class TorchRunner(TargetBatches):
             self.scaler = torch.amp.GradScaler(self.device.type)
             self.state.add_object(SCALER_KEY, self.scaler)
         self._skips = 0                 # consecutive skips of the last training step's input
+        # the program's own GradScalers (an AMP loop in its train_step): check() counts their skips
+        self.program_scalers = [o for k, o in self.state.objects.items()
+                                if k != SCALER_KEY and is_grad_scaler(o) and o.is_enabled()] \
+            if target.train_step is not None else []
         self._collapse: tuple[int, float] | None = None   # (skips, scale) when the last step collapsed the scale
 
     # -- state ------------------------------------------------------------------------
@@ -317,8 +321,9 @@ class TorchRunner(TargetBatches):
         result = CheckResult(first is not None, first, recorder.triggered_sites(flags), _scalar(loss),
                              "forward" if first is not None else None)
         if first is None and self.trains and loss is not None:
+            scales = self._program_scales()
             phase = self._train(batch, loss, seed, pre)[1]
-            result.scaler_skips = self._skips
+            result.scaler_skips = self._program_skips(batch, seed, scales) if scales else self._skips
             if phase is not None:
                 result.first_op, grad_key, phase = self._located(pre, values, seed, phase)
                 result.event, result.phase = True, phase
@@ -449,6 +454,44 @@ class TorchRunner(TargetBatches):
                 return True
             for opt in self._optimizers:
                 opt.zero_grad(set_to_none=True)
+
+    def _program_scales(self) -> list[float]:
+        return [scaler.get_scale() for scaler in self.program_scalers]
+
+    def _program_skips(self, batch: dict, seed: int, before: list[float]) -> int:
+        """Consecutive steps the program's own GradScaler skips on this batch: a step that lowered a
+        scale is a skip, and the program's step is run again on the same batch (its next step in a
+        loop that meets the batch again) until no scale falls, or :data:`COLLAPSE_SKIPS` are counted.
+        Unlike the engine's own scaler the count goes on below a scale of 1 (the program's loop, not
+        the engine, decides what happens there): all the skips the batch causes. The program's code
+        runs as written; only the scalers' scales are read. The state the repeats leave is the
+        caller's to restore (a bad step's diagnosis restores the state it started from)."""
+        skips, after = 0, self._program_scales()
+        while skips < COLLAPSE_SKIPS and any(a < b for a, b in zip(after, before)):
+            skips += 1
+            before = after
+            seed_everything(seed ^ 0x5EED5EED)
+            self.target.train_step({k: v.detach() for k, v in batch.items()})
+            after = self._program_scales()
+        return skips
+
+    @contextmanager
+    def float32(self):
+        """Every ``torch.autocast`` region entered inside runs disabled, the program's own included
+        (an AMP loop written with ``torch.autocast(..., enabled=True)``): the float32 program, for
+        the re-check of a mixed-precision finding. ``torch.autocast`` enables itself through
+        ``torch.set_autocast_enabled``, which is wrapped for the duration to enable nothing; a
+        GradScaler of the program still scales, float32 gradients that do not overflow."""
+        original = torch.set_autocast_enabled
+
+        def disabled(*args):
+            return original(*args[:-1], False)
+
+        torch.set_autocast_enabled = disabled
+        try:
+            yield
+        finally:
+            torch.set_autocast_enabled = original
 
     def _located(self, pre: dict | None, values: dict[str, np.ndarray], seed: int,
                  phase: str) -> tuple[OpRef | None, tuple[str, str, int] | None, str]:

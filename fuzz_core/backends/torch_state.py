@@ -44,11 +44,19 @@ def _is_optimizer(value: Any, duck: bool = False) -> bool:
         hasattr(value, a) for a in ("zero_grad", "step", "state_dict", "load_state_dict", "param_groups"))
 
 
+def _scaler_kinds() -> tuple[type, ...]:
+    return tuple(k for k in (getattr(torch.amp, "GradScaler", None),
+                             getattr(getattr(torch.cuda, "amp", None), "GradScaler", None)) if isinstance(k, type))
+
+
+def is_grad_scaler(value: Any) -> bool:
+    return isinstance(value, _scaler_kinds())
+
+
 def _is_stateful(value: Any) -> bool:
     """Objects whose state a program's step changes and that say it with a state_dict."""
     lr_scheduler = getattr(torch.optim.lr_scheduler, "LRScheduler", None)
-    kinds = tuple(k for k in (lr_scheduler, getattr(torch.amp, "GradScaler", None),
-                              getattr(getattr(torch.cuda, "amp", None), "GradScaler", None)) if isinstance(k, type))
+    kinds = tuple(k for k in (lr_scheduler,) if isinstance(k, type)) + _scaler_kinds()
     return isinstance(value, kinds)
 
 
