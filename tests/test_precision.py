@@ -22,8 +22,10 @@ from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_f
 from fuzz_core.search import SearchConfig
 from orchestrator.cli import app
 from orchestrator.config import ConfigError, load_campaign
+from orchestrator.observers.parquet import read_findings
 from orchestrator.observers.progress import finding_lines
 from orchestrator.run.campaign import RunOptions, run_campaign
+from orchestrator.schemas import validate
 
 SUBJECTS = "tests/targets/precision.py"
 FP16, BF16, SCALED = Precision("fp16"), Precision("bf16"), Precision("fp16", grad_scaler=True)
@@ -262,6 +264,12 @@ def test_campaign_with_precision_finds_records_and_replays_in_a_fresh_process(tm
     report = json.loads((folder / "finding.json").read_text())
     assert report["precision"]["autocast"] == "fp16" and report["precision_only"] is True
     assert report["overflow"]["dtype"] == "float16" and report["overflow"]["excess"] > 1
+    validate(folder / "finding.json")                    # the published schema holds the precision facts
+    (row,) = read_findings(tmp_path / "runs", campaign="mp").to_pylist()   # and so does the Parquet row
+    assert row["precision"] == "fp16" and row["precision_only"] is True and row["scaler_skips"] is None
+    assert row["overflow_dtype"] == "float16" and row["overflow_limit"] == 65504.0
+    assert row["overflow_value"] == pytest.approx(report["overflow"]["value"])
+    assert row["overflow_excess"] == pytest.approx(report["overflow"]["excess"]) and row["overflow_excess"] > 1
     assert "PRECISION = " in (folder / "test_reproducer.py").read_text()
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     replay = subprocess.run([sys.executable, "-m", "orchestrator.cli", "replay", str(folder)],
@@ -278,6 +286,37 @@ def test_same_campaign_in_fp32_is_clean(tmp_path: Path):
     path = campaign(tmp_path, "")
     outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False, local=True))
     assert outcome.exit_code == 0
+
+
+def test_precision_columns_of_a_finding_row():
+    """The Parquet row of a finding carries its precision facts; a float32 finding's are null, and the
+    schema of finding.json accepts a report with every fact filled or null."""
+    import jsonschema
+
+    from fuzz_core.findings import Finding
+    from fuzz_core.sites import OpSite
+    from orchestrator.observers.parquet import FINDING_SCHEMA, precision_columns
+    from orchestrator.schemas import schema
+
+    site = OpSite("abc123", "t", "half_overflow", "sum", "overflow", "t.py:3", 0, True)
+    base = dict(site=site, target={"name": "t", "entry": "t.py:make", "args": {}, "framework": "torch", "seed": 0},
+                inputs={"x": np.zeros((1, 2), np.float32)}, state=None, step=3, step_seed=1, strategy="adaptive",
+                first_op=None, trigger="inputs", training=True, bounds={"x": (0.0, 1.0)})
+    scaled = Finding(**base, precision=SCALED.to_dict(), precision_only=False, scaler_skips=7,
+                     overflow={"dtype": "float16", "value": None, "limit": None, "excess": None})
+    cols = precision_columns(scaled)
+    assert cols == {"precision": "fp16+grad_scaler", "precision_only": False, "overflow_dtype": "float16",
+                    "overflow_value": None, "overflow_limit": None, "overflow_excess": None, "scaler_skips": 7}
+    assert set(cols) <= set(FINDING_SCHEMA.names)
+    assert precision_columns(Finding(**base)) == {}                    # float32: the columns stay null
+    keras = Finding(**base, precision=Precision(policy="mixed_bfloat16").to_dict(), precision_only=None)
+    assert precision_columns(keras)["precision"] == "mixed_bfloat16"
+    validator = jsonschema.Draft202012Validator(schema("finding.json"))
+    for f in (scaled, Finding(**base), keras):
+        validator.validate(json.loads(json.dumps(f.report())))
+    bad = json.loads(json.dumps(scaled.report()))
+    bad["scaler_skips"] = -1
+    assert not validator.is_valid(bad)
 
 
 @pytest.mark.parametrize("text,field,value", [

@@ -55,6 +55,16 @@ such folders); anything else is a ``ValueError`` that names the value.
   ``exit_reason`` (string): ``triggered`` or ``triggered_flaky`` (:class:`ExitReason`);
   ``phase`` (string): where the first non-finite value arose (``forward``, ``backward``, ``update``).
   Null in files written before these columns existed.
+- Mixed precision (``finding.json``'s ``precision``, ``precision_only``, ``overflow`` and
+  ``scaler_skips``); null in a float32 campaign, and in files written before these columns existed:
+  ``precision`` (string): the campaign's precision in one word (``fp16``, ``bf16``,
+  ``fp16+grad_scaler``, ``mixed_float16``, ``mixed_bfloat16``); ``precision_only`` (bool): the
+  same values stay finite in float32 (null when the float32 replay could not run);
+  ``overflow_dtype`` (string): the dtype the op computed in (``float16``, ``bfloat16``);
+  ``overflow_value`` (float64), ``overflow_limit`` (float64), ``overflow_excess`` (float64): for a
+  ``half_overflow``, the op's largest magnitude (its float32 value where the half one overflowed),
+  the dtype's largest finite value and their ratio; ``scaler_skips`` (int64): consecutive steps a
+  GradScaler (the engine's, or the program's own) skipped on the found values.
 
 Site ids are hex strings that can look like numbers: readers that infer hive types
 (pandas, DuckDB's ``hive_types_autocast``) may turn them into integers; pass
@@ -132,6 +142,13 @@ FINDING_SCHEMA = pa.schema(
         ("status", pa.string()),
         ("exit_reason", pa.string()),
         ("phase", pa.string()),
+        ("precision", pa.string()),
+        ("precision_only", pa.bool_()),
+        ("overflow_dtype", pa.string()),
+        ("overflow_value", pa.float64()),
+        ("overflow_limit", pa.float64()),
+        ("overflow_excess", pa.float64()),
+        ("scaler_skips", pa.int64()),
     ]
 )
 
@@ -322,7 +339,28 @@ class ParquetObserver(Observer):
             "batch_size": int(mini.get("original_batch_size", batch)), "minimised_size": int(batch),
             "folder": rec.finding or "", "status": "flaky" if flaky else "found",
             "exit_reason": "triggered_flaky" if flaky else "triggered",
-            "phase": str(getattr(finding, "phase", "forward"))})
+            "phase": str(getattr(finding, "phase", "forward")), **precision_columns(finding)})
+
+
+def precision_columns(finding) -> dict[str, Any]:
+    """The mixed-precision columns of a finding's row (every one null in a float32 campaign)."""
+    precision = getattr(finding, "precision", None) or {}
+    word = precision.get("autocast") or precision.get("policy")
+    if not word:
+        return {}
+    if precision.get("grad_scaler"):
+        word += "+grad_scaler"
+    overflow = getattr(finding, "overflow", None) or {}
+    skips = getattr(finding, "scaler_skips", None)
+    only = getattr(finding, "precision_only", None)
+    return {"precision": word, "precision_only": None if only is None else bool(only),
+            "overflow_dtype": overflow.get("dtype"), "overflow_value": _number(overflow.get("value")),
+            "overflow_limit": _number(overflow.get("limit")), "overflow_excess": _number(overflow.get("excess")),
+            "scaler_skips": None if skips is None else int(skips)}
+
+
+def _number(x: Any) -> float | None:
+    return None if x is None else float(x)
 
 
 def _float(x: Any) -> float:
