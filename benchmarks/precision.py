@@ -9,8 +9,8 @@ site searched on its own with ``adaptive`` from the factory's state (``SiteSearc
 the out-of-reach probe off) and confirmed by ``finding_from`` (fresh replays, then the fp32
 re-check). A subject's figure is its fastest site with a finding: steps, seconds, phase, the
 first op, and the precision facts of the finding (the dtype, the value and by how much it
-exceeds the dtype's largest finite value, ``precision_only``, the scaler's consecutive skips;
-read with ``getattr``, so the script runs on an engine without them). Every guarded twin is
+exceeds the dtype's largest finite value, ``precision_only``, the consecutive skips of a
+GradScaler: the engine's, or the program's own as in ``mp_cnn_scaler``). Every guarded twin is
 searched the same way and must give no candidate. Last, the recorder's cost under autocast:
 ``TorchRunner.evaluate`` (the watched step) against the plain autocast forward of the same
 program (``mp_t5_ff``), interleaved, as ``benchmarks/step_watch.py`` measures the watch.
@@ -173,8 +173,10 @@ def report(results: dict, guards: dict, max_steps: int, guard_steps: int) -> str
             f"`adaptive`, budget {max_steps} steps per op site (guarded twins {guard_steps}), every searched site "
             "from the factory's state, out-of-reach probe off; torch subjects under `Precision(autocast=\"fp16\")`, the "
             "Keras one under `Precision(policy=\"mixed_float16\")`. A subject's figure is its fastest site with a "
-            "finding (`finding_from`: fresh replays, then the fp32 re-check). `value`: the op's output in float32 where "
-            "the half one overflowed; `excess`: value / the dtype's largest finite value.\n",
+            "finding (`finding_from`: fresh replays, then the fp32 re-check, every autocast region disabled, the "
+            "program's own too). `value`: the op's output in float32 where the half one overflowed; `excess`: value / "
+            "the dtype's largest finite value; `scaler skips`: consecutive steps a GradScaler skips on the found values "
+            "(`mp_cnn_scaler`: its own, in its train step).\n",
             table(["subject", "result", "phase", "steps", "seconds", "first op", "dtype", "value", "excess",
                    "precision-only", "scaler skips"], rows), ""]
     found = [results[n].best for n in names if results[n].best is not None]
