@@ -203,9 +203,53 @@ def test_plateau_refresh_then_retire_without_progress_with_budget_left():
                 continue
             used += d.steps
             _report(sched, "flat", used, [0.7] * d.steps)
-    assert Action.REFRESH in actions[:4]
+    assert Action.REFRESH in actions[:8]      # once it sat still as long as its probe took (5-step grants)
     assert actions[-1] is Action.RETIRE_NO_PROGRESS and actions.count(Action.RETIRE_NO_PROGRESS) == 1
     assert 200 <= used < 1000 and sched.status_of("flat") is SiteStatus.RETIRED
+
+
+def test_refresh_waits_longer_the_more_progress_it_would_throw_away():
+    """A plateau is ripe after a full window and as many steps without a gain as the site took to
+    reach its best: a site that fell for 300 steps, then sat still, is not refreshed before 600."""
+    refresh = PlateauRefresh()
+    assert not refresh.ripe(used=20, gained=12, window=16)     # not a full window yet
+    assert refresh.ripe(used=28, gained=12, window=16)
+    assert not refresh.ripe(used=599, gained=300, window=16)
+    assert refresh.ripe(used=600, gained=300, window=16)
+    assert PlateauRefresh(grow=0).ripe(used=316, gained=300, window=16)   # the old rule: a window
+    with pytest.raises(ValueError, match="grow"):
+        PlateauRefresh(grow=-1)
+
+    def refreshes(fall_steps: int) -> list[int]:
+        """A site whose loss falls for ``fall_steps`` steps, then stays flat: the steps at its refreshes."""
+        sched = make_scheduler("share", 3000, 20, predictor={"window": 8}, refresh={"max_refreshes": 50})
+        sched.add_site("s")
+        used, at, level = 0, [], 100.0
+        while not sched.done and used < 1500:
+            for d in sched.allocate(1):
+                if d.action.retires:
+                    continue
+                if d.action is Action.REFRESH:
+                    at.append(used)
+                losses = []
+                for _ in range(d.steps):
+                    used += 1
+                    level = level * 0.99 if used <= fall_steps else level
+                    losses.append(level)
+                _report(sched, "s", used, losses)
+        return at
+
+    assert refreshes(300)[0] >= 600
+    assert refreshes(0)[0] < 100
+
+
+def test_a_stalled_site_that_progressed_outweighs_one_that_never_moved():
+    s = PowerSchedule()
+    assert s.weight(math.inf, 100, progressed=True) == pytest.approx(1.0)
+    assert s.weight(math.inf, 100, progressed=False) == pytest.approx(0.25)
+    assert PowerSchedule(stalled=9.0).weight(math.inf, 100, progressed=True) == pytest.approx(4.0)   # within the cap
+    with pytest.raises(ValueError, match="progress"):
+        PowerSchedule(progress=1.5)
 
 
 def test_a_site_that_keeps_improving_is_never_retired_early():

@@ -75,6 +75,12 @@ class CurvePredictor:
         """A full window of losses that fell by at most the tolerance (or rose)."""
         return len(st.trace) == self.window and is_plateau(st.trace, self.plateau_tol, st.log_space)
 
+    @staticmethod
+    def progressed(st: CurveStats, share: float) -> bool:
+        """Its best loss is at most ``share`` of its first: that part of the way to the edge was
+        covered (for a log-space loss, in orders of magnitude of the margin)."""
+        return math.isfinite(st.first) and st.first > 0 and st.best <= share * st.first
+
     def helped(self, st: CurveStats, before: float) -> bool:
         """The best loss improved for real since it was ``before``."""
         return improved(before, st.best, self.plateau_tol, st.log_space)
@@ -94,13 +100,18 @@ class PowerSchedule:
     (``ref``, its prediction) gets ``cap``, one predicted ``k`` times farther ``cap / k ** power``;
     times the share of its prediction that its remaining budget covers (``horizon * remaining /
     pred``, at most 1: a site predicted far past its budget is rarely about to trigger); all within
-    [floor, cap]. A site that is not falling gets ``floor``, never 0; one with no prediction yet
-    gets 1 (optimism under uncertainty, as a bandit's first pulls); one at the edge gets ``cap``."""
+    [floor, cap]. A site that is not falling gets ``floor``, never 0, unless it has ``progressed``
+    (covered ``progress`` of the way from its first loss to the edge, then stalled): it gets
+    ``stalled`` (a bug whose loss falls, sits still for hundreds of steps, then jumps to the edge
+    looks like that; a site that never moved does not). One with no prediction yet gets 1
+    (optimism under uncertainty, as a bandit's first pulls); one at the edge gets ``cap``."""
 
     floor: float = 0.25
     cap: float = 4.0
     power: float = 1.0
     horizon: float = 4.0
+    stalled: float = 1.0
+    progress: float = 0.5
 
     def __post_init__(self) -> None:
         check_fraction("floor", self.floor)
@@ -109,17 +120,19 @@ class PowerSchedule:
             raise ValueError(f"cap must be >= 1, got {self.cap!r}")
         check_positive("power", self.power)
         check_positive("horizon", self.horizon)
+        check_positive("stalled", self.stalled)
+        check_fraction("progress", self.progress)
 
-    def weight(self, pred: float, remaining: int, ref: float = math.nan) -> float:
+    def weight(self, pred: float, remaining: int, ref: float = math.nan, progressed: bool = False) -> float:
         """``pred``: the site's predicted steps to trigger (nan: none yet, inf: not falling);
         ``remaining``: its budget left; ``ref``: the closest live falling site's prediction
-        (nan: none, the site is weighed as if it were the closest)."""
+        (nan: none, the site is weighed as if it were the closest); ``progressed``: see the class."""
         if math.isnan(pred):
             return 1.0
         if pred <= 0:
             return self.cap
         if not math.isfinite(pred):
-            return self.floor
+            return min(self.cap, max(self.floor, self.stalled)) if progressed else self.floor
         rel = min(1.0, ref / pred) ** self.power if math.isfinite(ref) and ref > 0 else 1.0
         feasible = min(1.0, self.horizon * max(remaining, 0) / pred)
         return min(self.cap, max(self.floor, self.cap * rel * feasible))
@@ -139,12 +152,27 @@ class RefreshStats:
 class PlateauRefresh:
     """A plateau (a flat window, or the search's own hint) gets a REFRESH; each refresh is
     judged at the next plateau, and after ``max_refreshes`` fruitless ones in a row the site
-    is stale (no more refreshes) until its best loss improves for real."""
+    is stale (no more refreshes) until its best loss improves for real.
+
+    A plateau is ripe for a refresh only once the site has gone without a real gain for at
+    least a full window and ``grow`` times the steps it took to reach its best (restart
+    intervals that grow with the progress a restart would throw away, as in Luby, Sinclair
+    and Zuckerman's restart schedules): a site that never moved is refreshed after a window;
+    one that fell for 400 steps and then sat still is given 400 more first. A refresh of a
+    grist search restarts it from fresh samples, and on the scheduler benchmark early
+    refreshes of slow, steady bugs cost more steps than any allocation saved."""
 
     max_refreshes: int = 2
+    grow: float = 1.0
 
     def __post_init__(self) -> None:
         check_int("max_refreshes", self.max_refreshes, 0)
+        if isinstance(self.grow, bool) or not number(self.grow) >= 0 or not math.isfinite(number(self.grow)):
+            raise ValueError(f"grow must be a finite number >= 0, got {self.grow!r}")
+
+    def ripe(self, used: int, gained: int, window: int) -> bool:
+        """Steps ``used`` so far, a real gain last at ``gained``: long enough without one."""
+        return used - gained >= max(window, self.grow * gained)
 
     def observe(self, st: RefreshStats, plateau: bool, gained: bool, helped: bool) -> None:
         """``plateau``: the predictor's test or the search's hint; ``gained``: a real gain in this

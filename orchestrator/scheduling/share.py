@@ -130,6 +130,7 @@ class ShareScheduler(Scheduler):
         curve, refresh = site.curve, site.refresh
         gained = self.predictor.observe(curve, progress.losses, progress.best_loss, progress.log_space, site.used)
         plateau = flag(progress.plateau_hint) or self.predictor.flat(curve)
+        plateau = plateau and self.refresh.ripe(site.used, curve.gained, self.predictor.window)
         helped = refresh.best_at_refresh is not None and self.predictor.helped(curve, refresh.best_at_refresh)
         self.refresh.observe(refresh, plateau, gained, helped)
         self._push_pred(site)
@@ -157,6 +158,8 @@ class ShareScheduler(Scheduler):
 
     def _on_grant(self, site: ShareSite, action: Action, steps: int) -> None:
         self.refresh.granted(site.refresh, action is Action.REFRESH, site.curve.best)
+        if action is Action.REFRESH:
+            site.curve.trace = []      # the next plateau is judged on a full window of the refreshed search
         if site.lane == "probe":
             return
         self._steps[site.lane] += steps
@@ -169,7 +172,8 @@ class ShareScheduler(Scheduler):
     # -- choosing -----------------------------------------------------------------------------
     def weight(self, site: ShareSite) -> float:
         """The site's share weight now, in [floor, cap]."""
-        return self.schedule.weight(site.curve.pred, self._remaining(site), self.reference())
+        return self.schedule.weight(site.curve.pred, self._remaining(site), self.reference(),
+                                    self.predictor.progressed(site.curve, self.schedule.progress))
 
     def _on_idle(self, site: ShareSite) -> None:
         v = self._version[site.site_id] = self._version.get(site.site_id, 0) + 1
