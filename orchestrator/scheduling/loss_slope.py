@@ -16,7 +16,7 @@ import numpy as np
 from orchestrator.scheduling.core import Action, RankedScheduler, SiteBook, SiteProgress
 from orchestrator.scheduling.numeric import (
     check_fraction, check_int, check_positive, curve_prediction, flag, floats, improved, is_plateau, number,
-    quantum_for,
+    progressed, quantum_for,
 )
 
 DEFAULT_WINDOW = 16       # losses the slope and the plateau test look at
@@ -164,10 +164,7 @@ class LossSlopeScheduler(RankedScheduler):
 
     # -- ranking --------------------------------------------------------------------------
     def _progressed(self, s: LossSlopeSite) -> bool:
-        """The best loss is at most ``progress`` times the first: that share of the way to the
-        edge in the loss's own units (for a log-space loss, in orders of magnitude of the
-        margin, so a guard's clamp at 1e-12 that the margin merely approaches does not count)."""
-        return math.isfinite(s.first) and s.first > 0 and s.best <= self.progress * s.first
+        return progressed(s.first, s.best, self.progress)
 
     def _on_course(self, s: LossSlopeSite) -> bool:
         """Still falling (a finite prediction) and, with a ``horizon``, predicted to trigger

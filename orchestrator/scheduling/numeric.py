@@ -110,6 +110,13 @@ def is_plateau(losses: Sequence[float], tol: float, log_space: bool = False) -> 
     return small_fall(-s * (len(trace) - 1), level, tol, log_space)
 
 
+def progressed(first: float, best: float, share: float) -> bool:
+    """The best loss is at most ``share`` times the first: that share of the way to the edge in
+    the loss's own units (for a log-space loss, in orders of magnitude of the margin, so a guard's
+    clamp at 1e-12 that the margin merely approaches does not count)."""
+    return math.isfinite(first) and first > 0 and best <= share * first
+
+
 def quantum_for(pred: float, ref: float, quantum: int, lo: int, hi: int) -> int:
     """``quantum * ref / pred`` clamped to [lo, hi]: a site predicted to trigger ``ref``
     steps away gets one quantum, a closer one more, a farther one less."""

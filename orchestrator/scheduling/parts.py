@@ -75,12 +75,6 @@ class CurvePredictor:
         """A full window of losses that fell by at most the tolerance (or rose)."""
         return len(st.trace) == self.window and is_plateau(st.trace, self.plateau_tol, st.log_space)
 
-    @staticmethod
-    def progressed(st: CurveStats, share: float) -> bool:
-        """Its best loss is at most ``share`` of its first: that part of the way to the edge was
-        covered (for a log-space loss, in orders of magnitude of the margin)."""
-        return math.isfinite(st.first) and st.first > 0 and st.best <= share * st.first
-
     def helped(self, st: CurveStats, before: float) -> bool:
         """The best loss improved for real since it was ``before``."""
         return improved(before, st.best, self.plateau_tol, st.log_space)

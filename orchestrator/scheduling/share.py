@@ -24,7 +24,7 @@ from typing import Any
 
 from orchestrator.scheduling.codec import decode_float, encode_float
 from orchestrator.scheduling.core import Action, Scheduler, SiteBook, SiteProgress
-from orchestrator.scheduling.numeric import check_int, flag
+from orchestrator.scheduling.numeric import check_int, flag, progressed
 from orchestrator.scheduling.parts import (
     CurvePredictor, CurveStats, Patience, PlateauRefresh, PowerSchedule, RefreshStats, StarvationGuard,
     part_options,
@@ -173,7 +173,7 @@ class ShareScheduler(Scheduler):
     def weight(self, site: ShareSite) -> float:
         """The site's share weight now, in [floor, cap]."""
         return self.schedule.weight(site.curve.pred, self._remaining(site), self.reference(),
-                                    self.predictor.progressed(site.curve, self.schedule.progress))
+                                    progressed(site.curve.first, site.curve.best, self.schedule.progress))
 
     def _on_idle(self, site: ShareSite) -> None:
         v = self._version[site.site_id] = self._version.get(site.site_id, 0) + 1
