@@ -115,7 +115,23 @@ def make_target(seed: int = 0, batch: int = 8, pretrain_steps: int = 300, lr: fl
 
 
 def witness(target: Target) -> dict:
-    """A sampled batch whose noise vectors are all equal (a collapsed generator's batch)."""
+    """A batch whose noise vectors are all equal (a collapsed generator's batch), chosen so that
+    one generated coordinate has an exactly zero variance on this machine.
+
+    Equal rows do not always give equal outputs: a BLAS kernel may compute the rows of one
+    matmul with different blockings (seen with AVX-512: the rows of a batch of 8 equal noise
+    vectors differ in their last bit), which leaves a variance of ~1e-16 and a finite gradient.
+    So the witness tries equal vectors (each sampled row, then constants across the box) until
+    the generator's batch has a coordinate whose variance is exactly 0.
+    """
     batch = target.sample(np.random.default_rng(0))
-    batch["z"][:] = batch["z"][0]
+    rows = [batch["z"][i].copy() for i in range(len(batch["z"]))]
+    rows += [np.full(N_Z, c, np.float32) for c in np.linspace(-BOUND, BOUND, 25)]
+    with torch.no_grad():
+        for row in rows:
+            batch["z"][:] = row
+            x = target.model.G(torch.from_numpy(batch["z"]))
+            if bool((((x - x.mean(0)) ** 2).mean(0) == 0).any()):
+                return batch
+    batch["z"][:] = rows[0]
     return batch
