@@ -9,12 +9,14 @@ from pathlib import Path
 class CountingExecutor:
     """Wraps an executor; counts steps campaign-wide in the order the quanta come back and
     notes, per site, the count at which its finding arrived (``found_at``), whether the site's own op
-    fired (``own``) and its steps so far."""
+    fired (``own``) and its steps so far; and how many quanta brought a checkpoint to the driver, and
+    how many bytes of arrays those held."""
 
     def __init__(self, inner) -> None:
         self.inner, self.slots = inner, inner.slots
         self.total, self.found_at, self.steps = 0, {}, {}
         self.own = {}       # site -> its finding came from the site's own op (else another op went first)
+        self.quanta = self.checkpoints = self.checkpoint_bytes = 0
 
     running = property(lambda self: self.inner.running)
 
@@ -29,6 +31,11 @@ class CountingExecutor:
         for _, outcome in done:
             result = getattr(outcome, "result", None)
             if result is not None:
+                self.quanta += 1
+                checkpoint = getattr(outcome, "checkpoint", None)
+                if checkpoint is not None:
+                    self.checkpoints += 1
+                    self.checkpoint_bytes += sum(getattr(a, "nbytes", 0) for a in checkpoint[0].values())
                 self.total += result.steps_quantum
                 self.steps[outcome.site_id] = result.steps
                 finding = getattr(outcome, "finding", None)

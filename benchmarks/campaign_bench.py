@@ -39,6 +39,7 @@ def scaling(max_steps: int, quantum: int, tmp: Path) -> str:
     import ray
 
     from orchestrator.run.campaign import target_specs, worker_options
+    from orchestrator.run.controller import CHECKPOINT_QUANTA, CHECKPOINT_S
     from orchestrator.run.ray_executor import RayExecutor
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -57,17 +58,23 @@ def scaling(max_steps: int, quantum: int, tmp: Path) -> str:
             rates[actors] = steps / seconds
             overhead += timings
             rows.append([actors, len(ctl.sites), steps, f"{seconds:.1f}", f"{rates[actors]:.1f}",
-                         f"{1e3 * statistics.median(timings):.2f}"])
+                         f"{1e3 * statistics.median(timings):.2f}", f"{ex.checkpoints} of {ex.quanta}",
+                         f"{ex.checkpoint_bytes / max(1, ex.quanta) / 1e6:.2f}"])
             print(rows[-1], flush=True)
     finally:
         ray.shutdown()
-    text = table(["actors", "sites", "steps", "seconds", "steps/s", "driver ms per quantum (median)"], rows)
+    text = table(["actors", "sites", "steps", "seconds", "steps/s", "driver ms per quantum (median)",
+                  "quanta that sent the site's state to the driver", "state MB to the driver per quantum"], rows)
     return (f"### Scaling on 2 cores\n\n`{TRANSFORMER}` (2 searched sites, guarded: every site spends its "
             f"budget), grist, {max_steps} steps per site, quantum {quantum}; every actor has built the target "
             f"before the clock starts (start-up is not throughput).\n\n{text}\n\n"
             f"2 actors / 1 actor: **{rates[2] / rates[1]:.2f}x** steps per second. Driver time per quantum "
-            f"(writing the trace shard and checkpoint, scheduling): median "
-            f"{1e3 * statistics.median(overhead):.2f} ms, max {1e3 * max(overhead):.1f} ms.\n")
+            f"(writing the trace shard and, when one came, the checkpoint; scheduling): median "
+            f"{1e3 * statistics.median(overhead):.2f} ms, max {1e3 * max(overhead):.1f} ms. A site's model and "
+            f"optimizer state (its checkpoint) comes to the driver once in {CHECKPOINT_QUANTA} of its quanta "
+            f"(or {CHECKPOINT_S:g} s of its search), not at every quantum: in between it stays live in the actor "
+            f"that runs the site (and, with more than one actor, as a reference into that actor's object store), "
+            f"and a resume runs the quanta since the last checkpoint again.\n")
 
 
 def recorder_overhead(repeats: int = 30) -> str:

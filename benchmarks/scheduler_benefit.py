@@ -236,6 +236,8 @@ def seed_job(kind: str, seed: int, quantum: int, tmp: str, max_steps: int | None
     worker = worker_options(campaign(*_any_campaign(kind, seed, quantum, max_steps)))
     root = Path(__file__).resolve().parent.parent
     path = Path(cache_dir) / f"{kind}-{seed}.pickle".replace(" ", "-") if cache_dir else None
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
     stamp = fingerprint(root) if path else ""
     shared = (SearchCache.load(path, stamp, worker) if path else SearchCache(worker)) if cache else None
     runs = {}

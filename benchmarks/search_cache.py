@@ -32,7 +32,7 @@ from typing import Any
 from fuzz_core.search import QuantumResult, SearchConfig, TracePoint
 from fuzz_core.status import SiteStatus
 from orchestrator.run.executors import Task
-from orchestrator.worker import QuantumOutcome, Worker, WorkerOptions
+from orchestrator.worker import ASK, QuantumOutcome, Resume, Worker, WorkerOptions
 
 CHECKPOINT_EVERY = 200     # steps between the checkpoints a branch keeps (each is 50 KB to 1 MB)
 
@@ -157,7 +157,11 @@ class SearchCache:
     def _run(self, task: Task, steps: int, refresh: bool, checkpoint: Any = None, fresh: bool = False):
         if fresh or checkpoint is not None:
             self.worker.searches.pop(task.site.id, None)
-        out = self.worker.run(task.spec, task.site, task.config, steps, refresh, checkpoint)
+            resume = Resume.at(checkpoint)
+        else:                                  # on from where the worker's live search stands
+            live = self.worker.searches.get(task.site.id)
+            resume = Resume(ASK, (), live.step if live is not None else -1)
+        out = self.worker.run(task.spec, task.site, task.config, steps, refresh, resume)
         self.real_steps += out.result.steps_quantum
         if out.result.status is SiteStatus.ERROR:
             raise NotReplayable(f"{task.site.label}: the search raised: {out.result.error}")

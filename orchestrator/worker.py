@@ -1,8 +1,18 @@
 """The work of one actor (or of the driver, with ``num_actors: 0``): build targets, run quanta.
 
 A :class:`Worker` keeps the targets it has built and the searches of the sites it
-owns. It returns plain data (the quantum's trace, the checkpoint, a confirmed
-finding with its values) and writes nothing: the controller is the only writer.
+owns. It returns plain data (the quantum's trace, a confirmed finding with its values,
+and a checkpoint only when asked for one) and writes nothing: the controller is the only
+writer.
+
+A site's search stays live in the worker that runs it; what travels is only what changed
+(the trace). A task carries a :class:`Resume` for the worker that does not hold the site
+live (a restarted actor, a site moved to another actor, a resumed campaign): the site's
+last checkpoint (none: the factory's state at step 0) and the quanta it ran since, which
+the worker runs again first. Searches are deterministic and slice-independent (a quantum
+of 40 steps gives the trace of two of 20), so the re-run lands exactly where the search
+stood, and the controller need only persist a checkpoint at the cadence a resume can
+afford to re-run.
 """
 from __future__ import annotations
 
@@ -37,15 +47,62 @@ class WorkerOptions:
     precision: Precision = Precision()   # the campaign's precision: (fp32 by default)
 
 
+Checkpoint = tuple[dict[str, np.ndarray], dict]
+
+
+class Ask:
+    """A :attr:`Resume.source` that is not sent: a worker that does not hold the site live answers
+    :class:`NeedsResume`, and the executor sends the task again with the checkpoint."""
+
+    def __repr__(self) -> str:
+        return "ASK"
+
+    def __reduce__(self) -> str:
+        return "ASK"          # pickled by name: one object in every process, so ``is ASK`` holds
+
+
+ASK = Ask()
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a site's search stands, for a worker that does not hold it live at ``step``.
+
+    ``source``: the site's last checkpoint, as ``(arrays, meta)``, as an object with a ``load()``
+    that returns them (read only when needed: a file on the driver's disk, an object in Ray's
+    store), None for none (the factory's state at step 0), or :data:`ASK`; ``since``: the quanta
+    run after it, ``(steps, refresh)`` each, which the worker runs again before the task's own;
+    ``step``: the site's step once they have run."""
+
+    source: Any = None
+    since: tuple[tuple[int, bool], ...] = ()
+    step: int = 0
+
+    @classmethod
+    def at(cls, checkpoint: Checkpoint | None) -> "Resume":
+        """A resume from ``checkpoint`` alone (None: from step 0)."""
+        return cls(checkpoint, (), int(checkpoint[1]["step"]) if checkpoint is not None else 0)
+
+
+class NeedsResume(Exception):
+    """The worker does not hold the site live at the task's step, and the task's resume was :data:`ASK`."""
+
+
+class CatchUpMismatch(RuntimeError):
+    """Re-running the quanta since a checkpoint did not land where the search stood."""
+
+
 @dataclass
 class QuantumOutcome:
-    """Everything a quantum produced, sent back to the controller."""
+    """Everything a quantum produced, sent back to the controller (a checkpoint only when the task
+    asked for one, and never for a final quantum)."""
 
     site_id: str
     result: QuantumResult
-    checkpoint: tuple[dict[str, np.ndarray], dict] | None
+    checkpoint: Checkpoint | None
     finding: Finding | None = None
     worker: str = ""
+    kept: Any = None          # where the worker runs, a reference to the site's checkpoint (Ray's object store)
 
 
 class TargetFailure(Exception):
@@ -171,16 +228,22 @@ class Worker:
             return exc
 
     def run(self, spec: TargetSpec, site: OpSite, config: SearchConfig, steps: int, refresh: bool = False,
-            checkpoint: tuple[dict[str, np.ndarray], dict] | None = None) -> QuantumOutcome:
+            resume: Resume | None = None, want_checkpoint: bool = True) -> QuantumOutcome:
+        """Run a quantum of ``steps`` steps of ``site`` (after a refresh); the search held live here
+        when it stands at ``resume.step``, else rebuilt from ``resume`` (None: a new search). Raises
+        :class:`NeedsResume` when that would need a resume that was not sent (:data:`ASK`)."""
+        resume = resume if resume is not None else Resume()
         runner = self._site_runner(spec, site.id)
         search = self.searches.get(site.id)
-        if search is not None and search.runner is not runner:
-            search = None                            # its build was replaced: resume from the checkpoint
-        if search is None or checkpoint is not None and search.step < int(checkpoint[1]["step"]):
-            search = SiteSearch(runner, site, config)
-            if checkpoint is not None:
-                search.restore(*checkpoint)
-            self.searches[site.id] = search
+        if search is not None and (search.runner is not runner or search.step != resume.step):
+            search = None                            # its build was replaced, or it is elsewhere: resume
+        if search is None:
+            if resume.source is ASK:
+                raise NeedsResume(site.id)
+            source = resume.source
+            checkpoint = source.load() if hasattr(source, "load") else source
+            self.owner.pop(spec.name, None)          # the build is this site's now: whoever held it resumes
+            search = self._resumed(runner, site, config, checkpoint, resume)
         elif self.owner.get(spec.name) != site.id:
             search.resume()
         self.owner[spec.name] = site.id
@@ -206,7 +269,28 @@ class Worker:
             self._drop(spec, site.id)
             return QuantumOutcome(site.id, result, None, finding, self.name())
         search.park()
-        return QuantumOutcome(site.id, result, search.checkpoint(), finding, self.name())
+        return QuantumOutcome(site.id, result, search.checkpoint() if want_checkpoint else None, finding,
+                              self.name())
+
+    def _resumed(self, runner, site: OpSite, config: SearchConfig, checkpoint: Checkpoint | None,
+                 resume: Resume) -> SiteSearch:
+        """A search rebuilt at ``resume.step``: ``checkpoint`` restored, the quanta since run again."""
+        search = SiteSearch(runner, site, config)
+        if checkpoint is not None:
+            search.restore(*checkpoint)
+        self.searches[site.id] = search
+        for steps, refresh in resume.since:
+            again = search.run(int(steps), refresh=bool(refresh))
+            if again.status.final or again.candidate is not None:
+                self.searches.pop(site.id, None)
+                raise CatchUpMismatch(f"re-running the quanta of {site.label} since its checkpoint ended its "
+                                      f"search at step {search.step} ({again.status.value}); the uninterrupted "
+                                      f"search went on: the program is not deterministic")
+        if search.step != resume.step:
+            self.searches.pop(site.id, None)
+            raise CatchUpMismatch(f"re-running the quanta of {site.label} since its checkpoint reached step "
+                                  f"{search.step}, not {resume.step}")
+        return search
 
     def _drop(self, spec: TargetSpec, site_id: str) -> None:
         self.searches.pop(site_id, None)

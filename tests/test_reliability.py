@@ -17,7 +17,7 @@ from fuzz_core.engine import TargetSpec
 from fuzz_core.search import SearchConfig
 from fuzz_core.sites import OpSite
 from orchestrator.run.executors import ActorDied, Task
-from orchestrator.worker import QuantumOutcome, WorkerOptions
+from orchestrator.worker import QuantumOutcome, Resume, WorkerOptions
 from records import check_run
 
 
@@ -40,9 +40,9 @@ def _run_to_end(executor, task: Task, deadline: float) -> list:
         if isinstance(outcome, QuantumOutcome):
             if outcome.result.status.final:
                 return outcomes
-            task = Task(task.site, task.spec, task.config, task.steps, checkpoint=outcome.checkpoint)
+            task = Task(task.site, task.spec, task.config, task.steps, resume=Resume.at(outcome.checkpoint))
         else:
-            task = Task(task.site, task.spec, task.config, task.steps, checkpoint=task.checkpoint)
+            task = Task(task.site, task.spec, task.config, task.steps, resume=task.resume)
     raise AssertionError(f"site not final in time: {outcomes}")
 
 
@@ -83,15 +83,22 @@ def test_killed_actor_resumes_site_from_checkpoint_and_finds_it(ray_session, tmp
     try:
         spec = TargetSpec("mlp", f"{module}:make_target", base_dir=os.getcwd())
         site = _site(executor, spec, "log")
-        config = SearchConfig(strategy="adaptive", max_steps=100, seed=0)
-        # a one-step quantum to get a checkpoint, then kill the actor during the next step
+        config = SearchConfig(strategy="grist", max_steps=100, seed=0)     # grist triggers at step 5
+        # a one-step quantum to get a checkpoint, a two-step one without (the actor keeps the search live),
+        # then kill the actor during the next step
         executor.submit(Task(site, spec, config, steps=1))
         (_, first), = _wait(executor)
         assert isinstance(first, QuantumOutcome) and first.checkpoint is not None
         assert first.result.steps == 1 and first.finding is None
+        resume = Resume.at(first.checkpoint)
+        executor.submit(Task(site, spec, config, steps=2, resume=resume, want_checkpoint=False))
+        (_, second), = _wait(executor)
+        assert isinstance(second, QuantumOutcome) and second.checkpoint is None and second.result.steps == 3
+        assert executor.resent == 0, "the actor held the search live: the checkpoint was not sent"
+        resume = Resume(first.checkpoint, ((2, False),), 3)
         pid = executor.actor_pid(0)
         hold.touch()
-        executor.submit(Task(site, spec, config, steps=99, checkpoint=first.checkpoint))
+        executor.submit(Task(site, spec, config, steps=99, resume=resume))
         deadline = time.monotonic() + 120
         while not mark.exists():        # the actor is inside a step of the resumed search
             assert time.monotonic() < deadline, "the actor never started its step"
@@ -103,11 +110,12 @@ def test_killed_actor_resumes_site_from_checkpoint_and_finds_it(ray_session, tmp
         (_, died), = _wait(executor)
         assert isinstance(died, ActorDied), died
         hold.unlink()
-        # the restarted actor has lost the search: it resumes from the checkpoint, not from step 0
-        outcomes = _run_to_end(executor, Task(site, spec, config, steps=99, checkpoint=first.checkpoint),
-                               time.monotonic() + 120)
+        # the restarted actor has lost the search: it asks for the checkpoint, runs the quantum since it
+        # again and goes on from step 3, not from step 0
+        outcomes = _run_to_end(executor, Task(site, spec, config, steps=99, resume=resume), time.monotonic() + 120)
         final = outcomes[-1]
-        assert final.result.trace[0].step == 2           # continued from the checkpoint's step
+        assert executor.resent >= 1
+        assert final.result.trace[0].step == 4           # continued from where the search stood
         assert final.result.status.value == "found" and final.finding is not None
     finally:
         hold.unlink(missing_ok=True)

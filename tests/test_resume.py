@@ -42,6 +42,7 @@ state.RunStore.commit = commit
 
 from orchestrator.run import controller
 controller.SNAPSHOT_CALLS = int(os.environ.get("CDF_SNAPSHOT_CALLS", controller.SNAPSHOT_CALLS))
+controller.CHECKPOINT_QUANTA = int(os.environ.get("CDF_CHECKPOINT_QUANTA", controller.CHECKPOINT_QUANTA))
 reload = controller.RecordedScheduler.reload
 
 def reloaded(self, fresh):
@@ -80,18 +81,21 @@ def _campaign(tmp_path: Path, out: str, extra_target: str = "") -> Path:
 SNAPSHOT_CALLS = 5    # a snapshot of the scheduler every few calls: a resume loads one and replays the rest
 
 
-def _env(kill_at: int = 0) -> dict:
+def _env(kill_at: int = 0, checkpoint_quanta: int | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env["CDF_KILL_AT_COMMIT"] = str(kill_at)
     env["CDF_SNAPSHOT_CALLS"] = str(SNAPSHOT_CALLS)
+    if checkpoint_quanta is not None:
+        env["CDF_CHECKPOINT_QUANTA"] = str(checkpoint_quanta)
     return env
 
 
-def _run(tmp_path: Path, args: list[str], kill_at: int = 0) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, args: list[str], kill_at: int = 0, checkpoint_quanta: int | None = None
+         ) -> subprocess.CompletedProcess:
     wrapper = tmp_path / "wrapper.py"
     wrapper.write_text(WRAPPER)
-    return subprocess.run([sys.executable, str(wrapper), "run", "--plain", "--local", *args], env=_env(kill_at),
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run([sys.executable, str(wrapper), "run", "--plain", "--local", *args],
+                          env=_env(kill_at, checkpoint_quanta), capture_output=True, text=True, timeout=900)
 
 
 def _commits(proc: subprocess.CompletedProcess) -> int:
@@ -156,10 +160,14 @@ def _resume_and_compare(tmp_path: Path, run_dir: Path, expected: dict) -> None:
 def test_a_driver_killed_at_a_commit_resumes_exactly(tmp_path: Path, reference, at):
     expected, commits = reference
     kill_at = max(3, int(commits * at))
-    killed = _run(tmp_path, [str(_campaign(tmp_path, "killed"))], kill_at=kill_at)
+    # the killed run checkpoints every other quantum of a site (the others resume from the factory's state
+    # and the quanta since), so the resume restores checkpoints and runs the quanta after them again
+    killed = _run(tmp_path, [str(_campaign(tmp_path, "killed"))], kill_at=kill_at, checkpoint_quanta=2)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     (run_dir,) = (tmp_path / "killed").glob("exact-*")
     assert json.loads((run_dir / "summary.json").read_text())["run"]["state"] == "running"
+    if at > 0.5:
+        assert list(run_dir.glob("checkpoints/*.safetensors")), "a checkpoint to resume from"
     _resume_and_compare(tmp_path, run_dir, expected)
 
 

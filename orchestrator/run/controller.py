@@ -2,10 +2,10 @@
 every change in the run-state store before its observers hear of it.
 
 Per quantum result, in this order: the finding folder (atomic, written once), the checkpoint
-(a new file per step), then one transaction of the run-state store (the site's steps, losses,
-status and checkpoint reference, and the scheduler call that reported it), then the
-observers (summary.json, MLflow, Parquet, the bug store, metrics, the terminal). A site's
-status changes in :meth:`Controller.set_status` alone, and a final status never changes again
+when one came (a new file per step), then one transaction of the run-state store (the site's
+steps, losses, status, checkpoint reference and the quanta run since it, and the scheduler call
+that reported it), then the observers (summary.json, MLflow, Parquet, the bug store, metrics,
+the terminal). A site's status changes in :meth:`Controller.set_status` alone, and a final status never changes again
 (except ``stopped``, which a resume reopens): each site run is ended once.
 
 Every call to the scheduler is logged in the store, in the same transaction as what caused
@@ -38,7 +38,7 @@ from orchestrator.run.records import RunRecord, SiteRecord, TargetRecord, target
 from orchestrator.run.state import RunStore
 from orchestrator.run.stopping import StopRequest, StopRun
 from orchestrator.scheduler import Action, Allocation, SiteProgress, make_scheduler
-from orchestrator.worker import QuantumOutcome, TargetFailure
+from orchestrator.worker import QuantumOutcome, Resume, TargetFailure
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,12 @@ PERSIST_S = 5.0       # how often what observers learned (MLflow run ids) is per
 SNAPSHOT_CALLS = 256  # scheduler calls between two snapshots of its state (at least; and at least one per site)
 CHECKPOINTS = "checkpoints"
 FINDINGS = "findings"
+# A site's checkpoint is asked for once it has run this many quanta, or this many seconds of search,
+# since its last one: a worker that does not hold the site live (a resume, a restarted or another actor)
+# runs those quanta again from the checkpoint, so its model and optimizer state need not travel at
+# every quantum.
+CHECKPOINT_QUANTA = 8
+CHECKPOINT_S = 60.0
 
 
 @dataclass
@@ -173,6 +179,19 @@ class RecordedScheduler:
         self._since = len(calls)
 
 
+@dataclass(frozen=True)
+class CheckpointFile:
+    """A site's checkpoint in the run folder, read only when a worker needs it (``Resume.source``)."""
+
+    path: Path
+
+    def load(self):
+        meta_path = self.path.with_suffix(".json")
+        if not (self.path.is_file() and meta_path.is_file()):
+            raise FileNotFoundError(f"{self.path}: the checkpoint the run-state store names is missing")
+        return load_arrays(self.path), read_json(meta_path)
+
+
 def _grants(decisions) -> list[list[Any]]:
     """The grants among an allocation's decisions, as the log records them: [site id, steps]."""
     return [[d.site_id, d.steps] for d in decisions if not d.action.retires]
@@ -223,6 +242,7 @@ class Controller:
         self._dispatches = 0
         self._persisted_at = time.monotonic()
         self._stored_ids: dict[str | None, str | None] = {}   # site id (None: the run) -> MLflow run id stored
+        self._checkpointed_s: dict[str, float] = {}    # site id -> its search seconds at its last checkpoint
         self.quanta = 0                  # results handled, and the driver's own seconds (all but the waits)
         self.driver_seconds = 0.0
         self.status_changes = 0          # how many, and the driver's seconds spent on them (store and observers)
@@ -270,7 +290,7 @@ class Controller:
         if error is not None:
             rec.error, rec.traceback = error, traceback
         if status.final and status is not SiteStatus.STOPPED:
-            rec.inflight, rec.state = None, None
+            rec.inflight, rec.since = None, []
             if rec.checkpoint:
                 self._garbage.append(rec.checkpoint)
                 rec.checkpoint = None
@@ -324,8 +344,8 @@ class Controller:
 
     def restore(self) -> None:
         """Reload a run from its store: the records, the scheduler (its latest snapshot and the calls logged
-        after it), the checkpoints; stopped sites are reopened and the quanta in flight are dispatched again
-        first."""
+        after it), each site's checkpoint reference and the quanta since it; stopped sites are reopened and
+        the quanta in flight are dispatched again first."""
         self.targets = {t.name: t for t in self.store.targets()}
         how = self.scheduler.reload(self._new_scheduler)
         log.info("scheduler rebuilt from its %s", "snapshot and the calls after it" if how == "snapshot"
@@ -336,8 +356,9 @@ class Controller:
             self._order[rec.site.id] = index
             self.sites[rec.site.id] = rec
             self._stored_ids[rec.site.id] = rec.mlflow_run_id
-            if rec.checkpoint:
-                rec.state = self._load_checkpoint(rec.checkpoint)
+            if rec.checkpoint and not (self.run_dir / rec.checkpoint).is_file():
+                raise FileNotFoundError(f"{self.run_dir / rec.checkpoint}: the checkpoint the run-state store "
+                                        "names is missing")
         for target in self.targets.values():
             self.observers.target_added(target)
         for rec in self.sites.values():
@@ -420,7 +441,12 @@ class Controller:
             self.executor.submit(task)
 
     def _task(self, rec: SiteRecord, refresh: bool, steps: int) -> Task:
-        return Task(rec.site, self.specs[rec.site.target], self.config, steps, refresh=refresh, checkpoint=rec.state)
+        source = CheckpointFile(self.run_dir / rec.checkpoint) if rec.checkpoint else None
+        resume = Resume(source, tuple((int(n), bool(r)) for n, r in rec.since), rec.steps)
+        due = len(rec.since) + 1 >= CHECKPOINT_QUANTA or rec.seconds - self._checkpointed_s.get(rec.site.id, 0.0) \
+            >= CHECKPOINT_S
+        return Task(rec.site, self.specs[rec.site.target], self.config, steps, refresh=refresh, resume=resume,
+                    want_checkpoint=due)
 
     # -- results ----------------------------------------------------------------------------------
     def _handle(self, task: Task, outcome: QuantumOutcome | BaseException) -> None:
@@ -459,7 +485,11 @@ class Controller:
         with self._txn():
             if out.checkpoint is not None:
                 rec.checkpoint = self._write_checkpoint(rec, out.checkpoint)
-                rec.state = out.checkpoint
+                rec.since = []
+                self._checkpointed_s[rec.site.id] = result.seconds
+            elif not result.status.final:             # a resume runs it again from the checkpoint
+                refresh = (rec.inflight or {}).get("action") == Action.REFRESH.value
+                rec.since.append([result.steps - rec.steps, refresh])
             rec.inflight = None
             rec.steps, rec.seconds = result.steps, result.seconds
             rec.best_loss = min(rec.best_loss, result.best_loss)
@@ -518,13 +548,6 @@ class Controller:
         atomic_save_arrays(folder / f"{name}.safetensors", arrays)
         atomic_write_json(folder / f"{name}.json", meta)
         return f"{CHECKPOINTS}/{name}.safetensors"
-
-    def _load_checkpoint(self, ref: str):
-        arrays_path = self.run_dir / ref
-        meta_path = arrays_path.with_suffix(".json")
-        if not (arrays_path.is_file() and meta_path.is_file()):
-            raise FileNotFoundError(f"{arrays_path}: the checkpoint the run-state store names is missing")
-        return load_arrays(arrays_path), read_json(meta_path)
 
     def _remove_checkpoint(self, ref: str | None) -> None:
         """Both slots of a final site's checkpoint."""

@@ -22,7 +22,7 @@ from fuzz_core.sites import OpSite
 from fuzz_core.status import ExitReason
 from orchestrator.run.replays import KnownBug, ReplayOutcome, replay_known
 from orchestrator.run.stopping import StopRun
-from orchestrator.worker import QuantumOutcome, TargetFailure, Worker, WorkerOptions
+from orchestrator.worker import QuantumOutcome, Resume, TargetFailure, Worker, WorkerOptions
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,8 @@ class Task:
     config: SearchConfig
     steps: int
     refresh: bool = False
-    checkpoint: Any = None
+    resume: Resume | None = None      # for a worker that does not hold the site live (None: a new search)
+    want_checkpoint: bool = True      # send the site's checkpoint back (the controller asks at its cadence)
     started: float = field(default_factory=time.monotonic)
     actor: int = -1
 
@@ -134,7 +135,7 @@ class LocalExecutor:
         try:
             with interruptible, time_limit(limit):
                 outcome = self.worker.run(task.spec, task.site, task.config, task.steps, task.refresh,
-                                          task.checkpoint)
+                                          task.resume, task.want_checkpoint)
             return [(task, outcome)]
         except _OverTime:
             self._forget(task)
@@ -145,13 +146,14 @@ class LocalExecutor:
         except Exception as exc:  # noqa: BLE001 - handed to the controller
             self._forget(task)
             return [(task, exc)]
-        except BaseException:     # a stop (StopRun) or Ctrl-C: the site resumes from its last checkpoint
+        except BaseException:     # a stop (StopRun) or Ctrl-C: the site resumes from its task's resume
             self._forget(task)
             raise
 
     def _forget(self, task: Task) -> None:
         """A quantum cut short leaves its target half-way through a step: rebuild it next time, and resume
-        every site of it from its checkpoint (which the controller sends with each task)."""
+        every site of it from its last checkpoint and the quanta since (the controller sends them with each
+        task)."""
         for site_id, search in list(self.worker.searches.items()):
             if site_id == task.site.id or getattr(search.site, "target", None) == task.spec.name:
                 del self.worker.searches[site_id]

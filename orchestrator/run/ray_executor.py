@@ -1,19 +1,25 @@
 """A pool of Ray actors, each running one site's quantum at a time.
 
-Sites stay on the actor that holds their state (affinity); a site moved to
-another actor, or whose actor restarted, resumes from the checkpoint that the
-controller sends with the task. Ray cannot cancel a running actor task, so a
-quantum over its time limit is ended with ``ray.kill(actor, no_restart=False)``.
+Sites stay on the actor that holds their search live (affinity), and what travels to the
+driver per quantum is the trace, not the site's model and optimizer state: with more than
+one actor, each actor keeps its site's latest checkpoint in its node's object store and
+returns only a reference (``QuantumOutcome.kept``), which this executor holds and hands to
+another actor when the site moves; the data crosses only then. A site whose actor
+restarted resumes from the controller's last persisted checkpoint and the quanta since
+(``Resume``), which the driver sends only when an actor asks for it (:class:`NeedsResume`).
+Ray cannot cancel a running actor task, so a quantum over its time limit is ended with
+``ray.kill(actor, no_restart=False)``.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -22,7 +28,7 @@ from fuzz_core.sites import OpSite
 from orchestrator.run.executors import ActorDied, QuantumTimeout, Task, discovery_timeout
 from orchestrator.run.replays import KnownBug, ReplayOutcome, replay_known
 from orchestrator.run.stopping import StopRun
-from orchestrator.worker import QuantumOutcome, TargetFailure, Worker, WorkerOptions
+from orchestrator.worker import ASK, NeedsResume, QuantumOutcome, Resume, TargetFailure, Worker, WorkerOptions
 
 log = logging.getLogger(__name__)
 
@@ -30,20 +36,48 @@ log = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = float(os.environ.get("CDEEPFUZZ_PLACEMENT_TIMEOUT_S", "600"))
 
 
+@dataclasses.dataclass(frozen=True)
+class StoredCheckpoint:
+    """A ``Resume.source`` in Ray's object store: fetched by the actor that needs it, and only then."""
+
+    ref: Any
+
+    def load(self):
+        return ray.get(self.ref)
+
+
+class Held(NamedTuple):
+    """A site's latest checkpoint, kept in the object store of the actor that ran it."""
+    ref: Any
+    step: int
+    actor: int
+
+
 @ray.remote
 class SiteActor:
-    """A :class:`Worker` in its own process."""
+    """A :class:`Worker` in its own process. With ``keep`` (more than one actor: sites may move),
+    each quantum's checkpoint is put in this node's object store and only its reference returned."""
 
-    def __init__(self, options: WorkerOptions, cwd: str | None = None) -> None:
+    def __init__(self, options: WorkerOptions, cwd: str | None = None, keep: bool = False) -> None:
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)
         self.worker = Worker(_with_gpu_share(options))
+        self.keep = keep
 
     def discover(self, spec: TargetSpec) -> list[OpSite] | TargetFailure:
         return self.worker.try_discover(spec)
 
-    def run(self, task: Task) -> QuantumOutcome:
-        return self.worker.run(task.spec, task.site, task.config, task.steps, task.refresh, task.checkpoint)
+    def run(self, task: Task) -> QuantumOutcome | NeedsResume:
+        try:
+            out = self.worker.run(task.spec, task.site, task.config, task.steps, task.refresh, task.resume,
+                                  task.want_checkpoint or self.keep)
+        except NeedsResume as exc:
+            return exc
+        except ObjectLostError:       # the actor that kept the checkpoint died: the driver sends its own
+            return NeedsResume(task.site.id)
+        if self.keep and not task.want_checkpoint and out.checkpoint is not None:
+            out.kept, out.checkpoint = ray.put(out.checkpoint), None
+        return out
 
     def replay(self, bugs: list[KnownBug]) -> list[ReplayOutcome]:
         return [replay_known(self.worker, bug) for bug in bugs]
@@ -82,12 +116,14 @@ class RayExecutor:
         # Actors that share GPUs are packed: one bundle per actor, as few nodes (and so GPUs)
         # as fit, e.g. four 0.25-GPU actors on one GPU instead of one on each of four nodes.
         self.placement_group = _packed_group(num_actors, num_cpus, num_gpus) if num_gpus else None
-        self.actors = [SiteActor.options(**actor_options, scheduling_strategy=self._strategy(i)).remote(options, cwd)
-                       for i in range(num_actors)]
+        self.actors = [SiteActor.options(**actor_options, scheduling_strategy=self._strategy(i))
+                       .remote(options, cwd, num_actors > 1) for i in range(num_actors)]
         self.slots = num_actors
         self.timeout = quantum_timeout_s
         self.busy: dict[int, tuple[Any, Task]] = {}      # actor index -> (ref, task)
         self.affinity: dict[str, int] = {}
+        self.held: dict[str, Held] = {}                  # site id -> its latest checkpoint in an actor's store
+        self.resent = 0                                  # tasks sent again with the driver's checkpoint
 
     def _strategy(self, index: int):
         if self.placement_group is None:
@@ -155,7 +191,23 @@ class RayExecutor:
         task.actor = index
         task.started = time.monotonic()
         self.affinity[task.site.id] = index
-        self.busy[index] = (self.actors[index].run.remote(task), task)
+        self.busy[index] = (self.actors[index].run.remote(self._sent(task)), task)
+
+    def _sent(self, task: Task, ask: bool = True) -> Task:
+        """The task as the actor gets it: the resume is the latest checkpoint an actor keeps when it is at
+        the site's step, else the controller's (its checkpoint asked for, not sent: most tasks go to the actor
+        that holds the site live and never read it)."""
+        resume = task.resume or Resume()
+        held = self.held.get(task.site.id)
+        if held is not None and held.step == resume.step:
+            resume = Resume(StoredCheckpoint(held.ref), (), resume.step)
+        elif resume.source is not None and ask:
+            resume = dataclasses.replace(resume, source=ASK)
+        elif resume.source is not None:
+            source = resume.source
+            resume = dataclasses.replace(resume, source=StoredCheckpoint(ray.put(source.load() if hasattr(
+                source, "load") else source)))
+        return dataclasses.replace(task, resume=resume)
 
     def wait(self, timeout: float) -> list[tuple[Task, QuantumOutcome | BaseException]]:
         if not self.busy:
@@ -166,7 +218,14 @@ class RayExecutor:
         for index, (ref, task) in list(self.busy.items()):
             if ref in ready:
                 del self.busy[index]
-                done.append((task, self._result(ref, task)))
+                out = self._result(ref, task)
+                if isinstance(out, NeedsResume):         # it did not hold the site: send the checkpoint
+                    self.held.pop(task.site.id, None)
+                    self.resent += 1
+                    self.busy[index] = (self.actors[index].run.remote(self._sent(task, ask=False)), task)
+                    continue
+                self._keep(task, out)
+                done.append((task, out))
             elif time.monotonic() - task.started > self.timeout:
                 log.warning("quantum of %s over %.0fs: killing its actor", task.site.label, self.timeout)
                 ray.kill(self.actors[index], no_restart=False)
@@ -184,11 +243,22 @@ class RayExecutor:
         except (RayTaskError, GetTimeoutError) as exc:
             return exc
 
+    def _keep(self, task: Task, out) -> None:
+        """Hold the checkpoint reference a quantum left in its actor's store (any older one is stale)."""
+        self.held.pop(task.site.id, None)
+        if isinstance(out, QuantumOutcome) and out.kept is not None:
+            self.held[task.site.id] = Held(out.kept, out.result.steps, task.actor)
+            out.kept = None
+
     def _forget(self, index: int) -> None:
-        """A restarted actor has lost its searches: its sites resume from checkpoints."""
+        """A restarted actor has lost its searches and what it kept: its sites resume from the controller's
+        checkpoints and the quanta since."""
         for site_id, owner in list(self.affinity.items()):
             if owner == index:
                 del self.affinity[site_id]
+        for site_id, held in list(self.held.items()):
+            if held.actor == index:
+                del self.held[site_id]
 
     def actor_pid(self, index: int) -> int:
         return ray.get(self.actors[index].pid.remote())

@@ -27,11 +27,11 @@ class SiteRecord:
     error: str | None = None            # one line: the user's message (or the tool's, for internal errors)
     traceback: str | None = None
     checkpoint: str | None = None       # the latest checkpoint's arrays, relative to the run folder
+    since: list[list[Any]] = field(default_factory=list)   # the quanta run after it: [steps, refresh] each
     deaths: int = 0
     timeouts: int = 0
     mlflow_run_id: str | None = None
     inflight: dict[str, Any] | None = None   # a quantum dispatched and not reported yet: {"action", "steps"}
-    state: Any = None                   # the latest checkpoint itself (arrays, meta), sent with the next task
     reach: dict[str, Any] | None = None  # not triggered within its bounds: how close it came, how far outside
 
     def to_dict(self) -> dict[str, Any]:

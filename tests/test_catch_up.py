@@ -1,0 +1,162 @@
+"""A site's state does not travel at every quantum: a worker that does not hold the site live rebuilds it
+from its last checkpoint (or the factory's state) and the quanta run since, and lands exactly where the
+uninterrupted search stood; the controller asks for a checkpoint once in CHECKPOINT_QUANTA quanta; on Ray
+a site that moves to another actor takes the state the first actor kept in its object store."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from fuzz_core.engine import TargetSpec
+from fuzz_core.search import SearchConfig
+from orchestrator.run.executors import Task
+from orchestrator.worker import ASK, CatchUpMismatch, NeedsResume, QuantumOutcome, Resume, Worker, WorkerOptions
+
+ENTRY = "campaigns/targets/log_one_minus_sigmoid.py:make_target"     # trains: its model state moves each step
+
+
+def _spec() -> TargetSpec:
+    return TargetSpec("sig", ENTRY, base_dir=os.getcwd())
+
+
+def _trace(out: QuantumOutcome) -> list[tuple]:
+    return [(p.step, p.suspect_loss, p.best_loss, p.event) for p in out.result.trace]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    """One worker runs quanta of 3, 4 (a refresh), 2 and 5 steps, a checkpoint after the first only."""
+    worker = Worker(WorkerOptions())
+    spec = _spec()
+    site = next(s for s in worker.discover(spec) if s.searched and s.op == "log")
+    config = SearchConfig("grist", 200, 3)
+    outs = [worker.run(spec, site, config, 3, want_checkpoint=True)]
+    for steps, refresh in ((4, True), (2, False)):
+        outs.append(worker.run(spec, site, config, steps, refresh, Resume(ASK, (), outs[-1].result.steps),
+                               want_checkpoint=False))
+    assert all(o.checkpoint is None for o in outs[1:]) and outs[0].checkpoint is not None
+    last = worker.run(spec, site, config, 5, False, Resume(ASK, (), 9), want_checkpoint=False)
+    assert last.result.steps == 14 and not last.result.status.final
+    return site, config, outs, last
+
+
+@pytest.mark.parametrize("start", ["checkpoint", "factory"])
+def test_a_new_worker_lands_where_the_live_search_stood(uninterrupted, start):
+    site, config, outs, last = uninterrupted
+    if start == "checkpoint":           # the checkpoint after 3 steps, then the two quanta since
+        resume = Resume(outs[0].checkpoint, ((4, True), (2, False)), 9)
+    else:                               # no checkpoint at all: from the factory's state, every quantum again
+        resume = Resume(None, ((3, False), (4, True), (2, False)), 9)
+    again = Worker(WorkerOptions()).run(_spec(), site, config, 5, False, resume, want_checkpoint=False)
+    assert _trace(again) == _trace(last)
+    assert again.result.best_loss == last.result.best_loss
+
+
+def test_a_worker_asks_for_what_it_does_not_hold(uninterrupted):
+    site, config, _, _ = uninterrupted
+    with pytest.raises(NeedsResume):
+        Worker(WorkerOptions()).run(_spec(), site, config, 5, False, Resume(ASK, (), 9))
+
+
+def test_quanta_that_do_not_land_on_the_step_are_refused(uninterrupted):
+    site, config, outs, _ = uninterrupted
+    with pytest.raises(CatchUpMismatch, match="reached step 7, not 9"):
+        Worker(WorkerOptions()).run(_spec(), site, config, 5, False, Resume(outs[0].checkpoint, ((4, True),), 9))
+
+
+def test_the_controller_asks_for_a_checkpoint_once_in_a_while(tmp_path: Path):
+    """A --local campaign of one site: 10 quanta, checkpoints only at every CHECKPOINT_QUANTA-th."""
+    from orchestrator.run import controller as ctl
+    from orchestrator.run.campaign import RunOptions, run_campaign
+    from orchestrator.config import load_campaign
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"""name: cadence
+targets:
+  - {{name: guarded, entry: campaigns/targets/sqrt_var_guarded.py:make_target}}
+search: {{strategy: grist, max_steps: 50, seed: 0}}
+scheduler: {{policy: round-robin, quantum: 5}}
+resources: {{num_actors: 0}}
+device: cpu
+output: {tmp_path / 'runs'}
+tracking: {{enabled: false}}
+""")
+    seen = []
+    real = ctl.Controller._quantum
+
+    def counting(self, rec, out):
+        seen.append((rec.site.id, out.checkpoint is not None, out.result.status.final))
+        return real(self, rec, out)
+
+    ctl.Controller._quantum = counting
+    try:
+        outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False, live=False))
+    finally:
+        ctl.Controller._quantum = real
+    assert outcome.exit_code == 0
+    per_site: dict[str, list[bool]] = {}
+    for site_id, sent, final in seen:
+        if not final:
+            per_site.setdefault(site_id, []).append(sent)
+    assert per_site, "the campaign ran quanta"
+    for sent in per_site.values():
+        expected = [(i + 1) % ctl.CHECKPOINT_QUANTA == 0 for i in range(len(sent))]
+        assert sent == expected
+
+
+@pytest.mark.ray
+def test_a_site_that_moves_to_another_actor_takes_the_state_the_first_one_kept(ray_session, tmp_path: Path):
+    from orchestrator.run.ray_executor import RayExecutor
+    from test_reliability import SLOW_SUBJECT
+
+    module, hold, mark = tmp_path / "held.py", tmp_path / "hold", tmp_path / "in_step"
+    module.write_text(SLOW_SUBJECT.format(path=str(Path("campaigns/targets/softmax_xent_mlp.py").resolve()),
+                                          hold=str(hold), mark=str(mark)))
+    executor = RayExecutor(WorkerOptions(device="cpu"), num_actors=2, num_cpus=1, num_gpus=0,
+                           max_restarts=1, quantum_timeout_s=120)
+    try:
+        spec, held_spec = _spec(), TargetSpec("held", f"{module}:make_target", base_dir=os.getcwd())
+        found = executor.discover([spec, held_spec])
+        site = next(s for s in found[spec.name] if s.searched)
+        held = next(s for s in found[held_spec.name] if s.searched)
+        config = SearchConfig("grist", 200, 3)
+        executor.submit(Task(site, spec, config, 3, want_checkpoint=False))
+        (task, first), = _wait(executor)
+        home = task.actor
+        assert first.checkpoint is None, "no checkpoint asked for: none came to the driver"
+        assert executor.held[site.id] == (executor.held[site.id].ref, 3, home), "a reference to what the actor kept"
+        # the site's actor is busy (a program held inside a step): its next quantum goes to the other actor
+        hold.touch()
+        executor.affinity[held.id] = home
+        executor.submit(Task(held, held_spec, config, 5))
+        deadline = time.monotonic() + 120
+        while not mark.exists():
+            assert time.monotonic() < deadline, "the held program never started its step"
+            time.sleep(0.02)
+        executor.submit(Task(site, spec, config, 2, False, Resume(None, ((3, False),), 3), want_checkpoint=False))
+        (task, out), = _wait(executor)
+        assert task.site.id == site.id and task.actor != home
+        assert isinstance(out, QuantumOutcome) and out.result.steps == 5
+        assert executor.resent == 0, "the state came from the first actor's object store, not from the driver"
+        # the same two quanta on one worker, uninterrupted
+        worker = Worker(WorkerOptions())
+        worker.run(spec, site, config, 3)
+        live = worker.run(spec, site, config, 2, False, Resume(ASK, (), 3))
+        assert _trace(out) == _trace(live)
+        hold.unlink()
+        _wait(executor)
+    finally:
+        hold.unlink(missing_ok=True)
+        executor.shutdown()
+
+
+def _wait(executor):
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        done = executor.wait(1.0)
+        if done:
+            return done
+    raise AssertionError("no result in time")
