@@ -102,6 +102,26 @@ def test_linear_overflow_found_under_fp16_precision_only_and_clean_in_fp32():
     assert not r32.check(finding.inputs, finding.step_seed).event
 
 
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_linear_overflow_found_under_fp16_autocast_on_cuda_precision_only():
+    """The same search on a GPU (``device: cuda``): CUDA autocast runs the linear layer in float16 too."""
+    spec = TargetSpec("make_linear", f"{SUBJECTS}:make_linear", {})
+    r = build_runner(spec, RunnerOptions(device="cuda", precision=FP16))
+    (site,) = half_sites(r)
+    config = SearchConfig("adaptive", 40, 0, False)
+    result = search_site(r, site, config)
+    assert result.status.value == "found", result
+    assert result.candidate.first_op.op == "half_overflow"
+    finding = finding_from(r, spec, site, config, result.candidate, result.seconds, device="cuda")
+    report = finding.report()
+    assert report["precision_only"] is True and report["overflow"]["dtype"] == "float16"
+    assert report["overflow"]["excess"] > 1
+
+
 def test_guarded_twin_stays_clean():
     _, r = runner("make_linear", FP16, scale=0.01)
     (site,) = half_sites(r)
