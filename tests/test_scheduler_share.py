@@ -252,6 +252,29 @@ def test_a_stalled_site_that_progressed_outweighs_one_that_never_moved():
         PowerSchedule(progress=1.5)
 
 
+def test_a_loss_parked_at_a_clamp_is_not_a_stalled_bug():
+    """Both fell from 1.0 most of the way to the edge; one sits at its clamp (the same value at every
+    step: a guarded op), the other still moves: only the one that moves keeps the stalled weight."""
+    parked, wanders = CurveStats(), CurveStats()
+    p = CurvePredictor(window=8)
+    _feed(p, parked, [1.0 - 0.12 * i for i in range(8)])
+    _feed(p, wanders, [1.0 - 0.12 * i for i in range(8)])
+    _feed(p, parked, [1e-6] * 8, used=8)
+    _feed(p, wanders, [1e-6, 3e-4, 2e-5, 1e-4, 6e-5, 2e-4, 1e-5, 4e-5], used=8)
+    assert not parked.moving and wanders.moving
+    weights = {}
+    for name, losses in (("parked", [1e-6] * 8), ("wanders", [1e-6, 3e-4, 2e-5, 1e-4, 6e-5, 2e-4, 1e-5, 4e-5])):
+        sched = make_scheduler("share", 1000, 20)
+        sched.add_site(name)
+        reports = [(8, tuple(1.0 - 0.12 * i for i in range(8)), 0.16), (16, tuple(losses), 1e-6),
+                   (24, tuple(losses), 1e-6)]          # the last has no new best: the fall has stopped
+        for used, trace, best in reports:
+            assert [d.site_id for d in sched.allocate(1)] == [name]
+            sched.on_progress(SiteProgress(name, used, trace, best, False))
+        weights[name] = sched.weight(sched._sites[name])
+    assert weights == {"parked": pytest.approx(sched.schedule.floor), "wanders": pytest.approx(sched.schedule.stalled)}
+
+
 def test_a_site_that_keeps_improving_is_never_retired_early():
     sched = make_scheduler("share", 1000, 20, predictor={"window": 8}, patience={"after": 100})
     sched.add_site("slow")

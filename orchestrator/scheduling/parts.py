@@ -33,6 +33,7 @@ class CurveStats:
     gained: int = 0                  # steps used when its best loss last improved for real
     mark: float = math.inf           # its best loss then
     reports: int = 0                 # reports with losses
+    moving: bool = True              # its last `window` losses are not all one value
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,9 @@ class CurvePredictor:
         if gain:
             st.gained, st.mark = used, st.best
         st.trace = (st.trace + losses)[-self.window:]
+        recent = [v for v in st.trace if math.isfinite(v)]
+        if finite and recent:      # a loss parked at a clamp repeats one value; a search that wanders does not
+            st.moving = len(set(recent)) > 1
         st.curve, st.pred = curve_prediction(st.curve, finite, st.best, st.best < before, self.window, tol, ls)
         return gain
 
@@ -97,7 +101,9 @@ class PowerSchedule:
     [floor, cap]. A site that is not falling gets ``floor``, never 0, unless it has ``progressed``
     (covered ``progress`` of the way from its first loss to the edge, then stalled): it gets
     ``stalled`` (a bug whose loss falls, sits still for hundreds of steps, then jumps to the edge
-    looks like that; a site that never moved does not). One with no prediction yet gets 1
+    looks like that; a site that never moved does not), as long as its loss still moves (a guarded
+    op's loss that fell to its clamp and sits there, one value step after step, does not: it gets
+    ``floor``; the caller says which). One with no prediction yet gets 1
     (optimism under uncertainty, as a bandit's first pulls); one at the edge gets ``cap``."""
 
     floor: float = 0.25

@@ -172,8 +172,9 @@ class ShareScheduler(Scheduler):
     # -- choosing -----------------------------------------------------------------------------
     def weight(self, site: ShareSite) -> float:
         """The site's share weight now, in [floor, cap]."""
-        return self.schedule.weight(site.curve.pred, self._remaining(site), self.reference(),
-                                    progressed(site.curve.first, site.curve.best, self.schedule.progress))
+        curve = site.curve
+        stalled = progressed(curve.first, curve.best, self.schedule.progress) and curve.moving
+        return self.schedule.weight(curve.pred, self._remaining(site), self.reference(), stalled)
 
     def _on_idle(self, site: ShareSite) -> None:
         v = self._version[site.site_id] = self._version.get(site.site_id, 0) + 1
