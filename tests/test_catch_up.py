@@ -67,6 +67,31 @@ def test_quanta_that_do_not_land_on_the_step_are_refused(uninterrupted):
         Worker(WorkerOptions()).run(_spec(), site, config, 5, False, Resume(outs[0].checkpoint, ((4, True),), 9))
 
 
+def test_adaptive_on_a_program_that_trains_does_not_depend_on_its_slicing():
+    """The re-measurement of a point (a program that trains, after a failed list) is one step that a
+    quantum may cut: the next quantum makes the same step, it does not count a second re-measurement
+    (it did: the search cache of the scheduler benchmark caught it, and a catch-up in other slices
+    would have gone elsewhere). One quantum after a refresh against 120 one-step quanta."""
+    spec = TargetSpec("rsqrt-b16", "benchmarks/targets/raw_units.py:make_target",
+                      {"subject": "rsqrt_norm_guarded", "scale": 10.0, "batch": 16}, seed=7, base_dir=os.getcwd())
+    config = SearchConfig("adaptive", 1500, 7)
+
+    def run(slices):
+        worker = Worker(WorkerOptions())
+        site = next(s for s in worker.discover(spec) if s.searched and s.op == "rsqrt")
+        points, step = [], 0
+        for steps, refresh in slices:
+            out = worker.run(spec, site, config, steps, refresh, Resume(ASK, (), step) if step else None,
+                             want_checkpoint=False)
+            points += _trace(out)
+            step = out.result.steps
+        return points
+
+    whole = run([(35, False), (120, True)])
+    assert sum(1 for p in whole if p[3] == "recheck") == 2, "the case: a program that trains, re-measured"
+    assert run([(35, False)] + [(1, i == 0) for i in range(120)]) == whole
+
+
 def test_the_controller_asks_for_a_checkpoint_once_in_a_while(tmp_path: Path):
     """A --local campaign of one site: 10 quanta, checkpoints only at every CHECKPOINT_QUANTA-th."""
     from orchestrator.run import controller as ctl

@@ -100,12 +100,13 @@ class Adaptive(Strategy):
                 st["open"] = False
                 self._accept(s, x_new, ev, label)
                 return
+        # the re-measurement's one step may end the quantum: nothing is changed before it, so the next
+        # quantum comes back here and makes the same step (the search does not depend on its slicing)
+        rechecked = not mutated and self._recheck(s, cur)
         st["open"] = False
         st["stall"] = st.get("stall", 0) + 1
         st["prefer"] = None
-        if not mutated and self._recheck(s, cur):
-            return
-        if not mutated:      # the same list grows by the mutations: go on where it stopped
+        if rechecked or not mutated:      # else the same list grows by the mutations: go on where it stopped
             return
         st["tried"] = 0
         st["escape"] = ESCAPE_STEPS              # a local minimum: walk out of it, whatever the loss does
@@ -129,8 +130,8 @@ class Adaptive(Strategy):
         if (not s.trained or s.frozen or st.get("rechecks", 0) >= RECHECKS or origin is None
                 or not cur.hard < origin or not math.isfinite(cur.hard)):
             return False
-        st["rechecks"] = st.get("rechecks", 0) + 1
         ev = s.evaluate(s.values, event="recheck", seed_step=st.get("seed_step"))
+        st["rechecks"] = st.get("rechecks", 0) + 1
         if not ev.seen:
             return False
         if not ev.hard - cur.hard > UNDONE * (origin - cur.hard):
