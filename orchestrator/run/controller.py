@@ -5,8 +5,9 @@ Per quantum result, in this order: the finding folder (atomic, written once), th
 when one came (a new file per step), then one transaction of the run-state store (the site's
 steps, losses, status, checkpoint reference and the quanta run since it, and the scheduler call
 that reported it), then the observers (summary.json, MLflow, Parquet, the bug store, metrics,
-the terminal). A site's status changes in :meth:`Controller.set_status` alone, and a final status never changes again
-(except ``stopped``, which a resume reopens): each site run is ended once.
+the terminal). A site's status changes in :meth:`Controller.set_status` alone, and a final
+status never changes again (except ``stopped``, which a resume reopens): each site run is
+ended once.
 
 Every call to the scheduler is logged in the store, in the same transaction as what caused
 it, and a snapshot of its state is stored at a cadence with the log position it reflects, so
