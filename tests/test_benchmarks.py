@@ -130,7 +130,7 @@ def test_scheduler_benefit_meets_the_targets_when_share_is_good_enough(monkeypat
     text = sb.benefit_section("raw units", runs, [24, 25])
     assert "- grist, share, all 2 seeds: target >= 3x: met; no seed below 0.5x: met" in text
     assert "- adaptive, share, all 2 seeds: target >= 2x: met; no seed below 0.5x: met" in text
-    assert "new (issue 16): 24-25" in text and "all:" not in text     # one group only
+    assert "issue 16's first new seeds: 24-25" in text and "all:" not in text     # one group only
 
 
 def test_scheduler_benefit_in_parts_reports_each_strategy_on_the_seeds_every_policy_ran(monkeypatch, tmp_path):

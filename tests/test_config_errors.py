@@ -169,7 +169,7 @@ def test_resume_of_a_folder_without_a_readable_state_is_a_one_line_error(tmp_pat
     ("{policy: loss-slope, horizon: 3}", "grist", {"horizon": 3.0}),   # the campaign's own wins
     ("{policy: loss-slope, horizon: 2.5}", "adaptive", {"horizon": 2.5}),
     ("{policy: round-robin}", "adaptive", {}),     # round-robin takes no options
-    ("{}", "adaptive", {"horizon": 1.0}),          # the default is loss-slope
+    ("{}", "adaptive", {}),                        # the default is share
     ("{policy: share}", "adaptive", {}),           # share takes none from the campaign
 ])
 def test_scheduler_options_follow_the_campaign_and_its_strategy(tmp_path: Path, scheduler, strategy, options):

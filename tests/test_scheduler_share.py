@@ -111,9 +111,9 @@ def test_a_refresh_that_helped_does_not_count():
 
 def test_patience_gives_up_on_stale_sites_only():
     p = Patience()
-    assert p.steps(1000) == 200 and Patience(after=7).steps(1000) == 7     # default: a fifth of the budget
-    assert p.gives_up(stale=True, used=300, gained=100, max_steps=1000)
-    assert not p.gives_up(stale=True, used=299, gained=100, max_steps=1000)
+    assert p.steps(1000) == 500 and Patience(after=7).steps(1000) == 7     # default: half the budget
+    assert p.gives_up(stale=True, used=600, gained=100, max_steps=1000)
+    assert not p.gives_up(stale=True, used=599, gained=100, max_steps=1000)
     assert not p.gives_up(stale=False, used=1000, gained=0, max_steps=1000)
 
 
