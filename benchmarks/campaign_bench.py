@@ -43,7 +43,7 @@ def scaling(max_steps: int, quantum: int, tmp: Path) -> str:
     from orchestrator.run.ray_executor import RayExecutor
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    rows, rates, overhead = [], {}, []
+    rows, rates, overhead, sizes = [], {}, [], []
     try:
         for actors in (1, 2):
             camp = campaign({"tlm": TRANSFORMER}, "grist", "round-robin", max_steps, quantum, actors)
@@ -56,6 +56,8 @@ def scaling(max_steps: int, quantum: int, tmp: Path) -> str:
             ex.shutdown()
             steps = sum(r.steps for r in ctl.sites.values())
             rates[actors] = steps / seconds
+            if ex.checkpoints:
+                sizes.append(ex.checkpoint_bytes / ex.checkpoints / 1e6)
             overhead += timings
             rows.append([actors, len(ctl.sites), steps, f"{seconds:.1f}", f"{rates[actors]:.1f}",
                          f"{1e3 * statistics.median(timings):.2f}", f"{ex.checkpoints} of {ex.quanta}",
@@ -74,7 +76,9 @@ def scaling(max_steps: int, quantum: int, tmp: Path) -> str:
             f"optimizer state (its checkpoint) comes to the driver once in {CHECKPOINT_QUANTA} of its quanta "
             f"(or {CHECKPOINT_S:g} s of its search), not at every quantum: in between it stays live in the actor "
             f"that runs the site (and, with more than one actor, as a reference into that actor's object store), "
-            f"and a resume runs the quanta since the last checkpoint again.\n")
+            f"and a resume runs the quanta since the last checkpoint again."
+            + (f" A checkpoint of this target is {max(sizes):.1f} MB: before, every quantum brought one to the "
+               f"driver (and took one back with its task)." if sizes else "") + "\n")
 
 
 def recorder_overhead(repeats: int = 30) -> str:
@@ -187,7 +191,7 @@ def main(argv=None) -> int:
         body = "\n".join(["## Campaigns (issue 3)\n"] + parts)
         print(body)
         if not args.no_write:
-            write_section("campaign_bench", body)
+            write_section("campaign_bench", body, script="campaign_bench", args=_args_text(argv))
     return 0
 
 
