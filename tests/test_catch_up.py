@@ -135,7 +135,7 @@ tracking: {{enabled: false}}
 @pytest.mark.ray
 def test_a_site_that_moves_to_another_actor_takes_the_state_the_first_one_kept(ray_session, tmp_path: Path):
     from orchestrator.run.ray_executor import RayExecutor
-    from test_reliability import SLOW_SUBJECT
+    from test_reliability import SLOW_SUBJECT, _wait
 
     module, hold, mark = tmp_path / "held.py", tmp_path / "hold", tmp_path / "in_step"
     module.write_text(SLOW_SUBJECT.format(path=str(Path("campaigns/targets/softmax_xent_mlp.py").resolve()),
@@ -176,12 +176,3 @@ def test_a_site_that_moves_to_another_actor_takes_the_state_the_first_one_kept(r
     finally:
         hold.unlink(missing_ok=True)
         executor.shutdown()
-
-
-def _wait(executor):
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        done = executor.wait(1.0)
-        if done:
-            return done
-    raise AssertionError("no result in time")
