@@ -58,7 +58,7 @@ SUBJECTS: dict[str, Expect] = {
     "poisson_adam_overflow": Expect("update", "update", "def program(b):"),
     "poincare_hierarchy": Expect("backward", "acosh", "return torch.acosh(1 + 2 * sq / denom)"),
     "tf_graph_triplet_adam": Expect("backward", "sqrt", "return tf.sqrt(tf.reduce_sum(tf.square(a - b), 1))"),
-    "tf_graph_dropout_noise": Expect("backward", "sqrt", "std = tf.sqrt(var)", flaky=True),
+    "tf_graph_dropout_noise": Expect("backward", "sqrt", "std = tf.sqrt(var)"),
     "tf_keras_angular": Expect("backward", "acos", "return tf.acos(tf.clip_by_value(cosine(a, b), -1.0, 1.0))"),
 }
 TARGETS = ROOT / "campaigns" / "targets"

@@ -396,3 +396,24 @@ def test_dtype_limits_and_flushed_subnormals():
     assert tiny_of(tf.float32) == pytest.approx(np.finfo(np.float32).tiny)     # TF's CPU kernels flush subnormals
     x = tf.constant([0.0, 1.0])
     assert float(XP.next_down(0.0, x)) < 0 and float(tf.reduce_min(x - XP.next_down(0.0, x))) > 0
+
+
+def test_graph_randomness_is_drawn_from_the_step_seed_and_replays_in_a_fresh_build():
+    """A TF1 graph's dropout mask and input noise are stateful ops whose state a session advances
+    at every run: the runner draws their values from the step's seed and feeds them, so the same
+    seed gives the same pass in the same build, in a fresh build, and after other passes; another
+    seed gives another draw, and the training step draws its own."""
+    spec = TargetSpec("dropout-noise", "campaigns/targets/tf_graph_dropout_noise.py:make_target", {}, seed=0)
+    first = build_runner(spec)
+    batch = first.sample(np.random.default_rng(0))
+
+    def loss(runner, seed):
+        runner.reset()                                  # a check trains: each from the factory's state
+        return runner.check(batch, seed).program_loss
+
+    at_11 = loss(first, 11)
+    assert loss(first, 12) != at_11
+    assert loss(first, 11) == at_11
+    assert loss(build_runner(spec), 11) == at_11
+    kinds = {op.type for op in first._random_ops()}
+    assert kinds == {"RandomStandardNormal", "RandomUniform"}, kinds

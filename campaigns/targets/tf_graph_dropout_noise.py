@@ -9,16 +9,17 @@ mean and a log-variance of 4 latents; the variance is guarded against overflow
 latent sample ``mu + std * tf.random.normal(...)``; a 4-32-32 decoder reconstructs the
 clean readings. ``train_op`` is ``tf.train.AdamOptimizer(1e-4)``. The factory fits the
 VAE for 300 steps (deterministic from ``seed``). The three random draws are ops of the
-graph: the engine cannot re-seed them (a TF1 session advances their state at every run),
-so a replay in a fresh build draws other noise and another dropout mask than the search.
+graph, whose state a TF1 session advances at every run: the engine draws their values itself
+from each step's seed and feeds them in place of the ops' outputs, so a replay in a fresh build
+sees the noise and the dropout mask the search saw.
 
 Bug: ``tf.sqrt(var)`` in :func:`encoder`, in the backward pass only. Once a log-variance
 falls below -103.97, ``exp`` underflows to exactly 0; ``sqrt(0) == 0`` is finite and so is
 the loss (the KL term uses ``logvar``), but the gradient ``0.5 * dy / sqrt(0)`` is infinite
 (``dy`` is the latent noise times the decoder's gradient), and Adam writes NaN into the
 encoder. Near that edge, whether a given input crosses it depends on the dropout mask and
-the input noise of the run: expect a *flaky* finding (reproduced by some fresh replays,
-not all), which is what the engine must report rather than drop.
+the input noise of the run; with them drawn from the step's seed the finding replays (before the
+engine fed them, it was *flaky*: reproduced by some fresh replays, not all).
 
 Why reachable within the bounds: the encoder is piecewise linear in the readings; with
 some sensors near the top of their range and others near 0 a log-variance goes far below

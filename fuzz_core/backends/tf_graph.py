@@ -8,8 +8,15 @@ program's own ``train_op`` (a pass of its own: it counts as a step, like ``train
 An op inside a branch graph is measured on a copy of its branch imported into the
 outer graph and fed by the control-flow op's real inputs; a ``While`` body's ops are
 measured at the first iteration only (later iterations still show up as non-finite
-outputs of the ``While`` op). Stateful graph random ops cannot be seeded per step (their
-state lives in the session): feed noise through a placeholder from ``sample``.
+outputs of the ``While`` op). Stateful graph random ops (``RandomUniform``: ``tf.nn.dropout``'s
+mask; ``RandomStandardNormal``, ``TruncatedNormal``, ``RandomUniformInt``: noise) keep their state
+in the session, so a fresh session draws other values than the search saw at step N and a
+finding would not replay: the runner draws their values itself, from the step's seed, and feeds
+them in place of the ops' outputs (TF1 lets any tensor be fed), in every pass of the program
+(the forward pass and the training step, each its own draw, as the program's own runs are). So
+a program's dropout and noise are iterative external values, seeded per step as torch's are.
+Random ops inside ``If``/``While`` branch graphs and other kinds (``Multinomial``, shuffles) are
+left to the session.
 
 It snapshots and restores every global and local variable of the graph (optimizer slots
 and counters included). A training step is watched whole: after the program's ``train_op``
@@ -85,6 +92,7 @@ class GraphRunner(Fp32Twin, TargetBatches):
         self._site_cache: dict[tuple, Any] = {}
         self._copies: dict[tuple, str] = {}
         self._copy_count = 0
+        self._random: list | None = None        # the program's stateful random ops, fed by the runner
         self._initial = self.get_state()
 
     def _as_tensor(self, value, what: str):
@@ -347,20 +355,23 @@ class GraphRunner(Fp32Twin, TargetBatches):
     def discover(self, batch: dict[str, np.ndarray], seed: int) -> list[OpSite]:
         book = self._instrument()
         seed_everything(seed)
-        self.session.run(self.loss, feed_dict=self._feed(batch))   # the program runs as given
+        feed = self._feed(batch)
+        self.session.run(self.loss, feed_dict=self._with_random(feed, seed))   # the program runs as given
         return book.sites(self.name, lambda call: self._site_fetches_for(call) is not None)
 
     def check(self, values: dict[str, np.ndarray], seed: int) -> CheckResult:
         book = self._instrument()
         seed_everything(seed)
         feed = self._feed(values)
-        loss, flags, out_bad = self.session.run([self.loss, self._flags, self._outputs_bad], feed_dict=feed)
+        loss, flags, out_bad = self.session.run([self.loss, self._flags, self._outputs_bad],
+                                                feed_dict=self._with_random(feed, seed))
         flags = [bool(f) for f in flags] + [bool(out_bad)]
         first = book.first_event(flags, flags[-1], traceback_location(self.loss.op))
         result = CheckResult(first is not None, first, book.triggered_sites(flags), _scalar(loss),
                              "forward" if first is not None else None)
         if first is None and self.trains:
             pre = self.get_state()
+            feed = self._with_random(feed, seed, TRAIN_DRAW)
             if self._train(feed):
                 result.first_op, result.phase, grad_key = self._diagnose(pre, feed)
                 result.event = True
@@ -385,7 +396,7 @@ class GraphRunner(Fp32Twin, TargetBatches):
                 fetches["grads"] = [g for g in site_fetches["grads"] if g is not None]
                 if "log_grads" in site_fetches:
                     fetches["log_grads"] = [g for g in site_fetches["log_grads"] if g is not None]
-        res = self.session.run(fetches, feed_dict=feed)
+        res = self.session.run(fetches, feed_dict=self._with_random(feed, seed))
         flags = [bool(f) for f in res["flags"]] + [bool(res["out_bad"])]
         first = book.first_event(flags, flags[-1], traceback_location(self.loss.op))
         call = book.find(site.key)
@@ -408,6 +419,7 @@ class GraphRunner(Fp32Twin, TargetBatches):
                     ev.log_grads, _, _ = _collect(names, shapes, _fill(site_fetches["log_grads"], res["log_grads"]))
         if train and not ev.event:
             pre = self.get_state()
+            feed = self._with_random(feed, seed, TRAIN_DRAW)
             bad = self._train(feed)
             ev.passes += 1
             ev.trained = True
@@ -420,6 +432,37 @@ class GraphRunner(Fp32Twin, TargetBatches):
         elif ev.event:
             ev.phase = "forward"
         return ev
+
+    # -- the program's randomness ----------------------------------------------------------
+    def _random_ops(self) -> list:
+        """The stateful random ops the program's passes run (ancestors of the loss and the train_op,
+        not the variables' initialisers, which run once at build), in a stable order."""
+        if self._random is None:
+            roots = [self.loss.op]
+            train = getattr(self.target.train_op, "op", self.target.train_op)
+            if train is not None and hasattr(train, "inputs"):
+                roots.append(train)
+            self._random = sorted((op for op in _ancestors(roots) if op.type in RANDOM_OPS), key=lambda op: op.name)
+        return self._random
+
+    def _with_random(self, feed: dict, seed: int, draw: int = 0) -> dict:
+        """``feed`` plus a value for every stateful random op, drawn from ``seed`` (``draw``: which pass
+        of the step: the forward pass, or the training step)."""
+        ops = self._random_ops()
+        if not ops:
+            return feed
+        args = [list(op.inputs) for op in ops]
+        flat = [t for a in args for t in a]
+        known = [tf.get_static_value(t) for t in flat]
+        missing = [t for t, v in zip(flat, known) if v is None]
+        fetched = iter(self.session.run(missing, feed_dict=feed)) if missing else iter(())
+        values = iter([v if v is not None else next(fetched) for v in known])
+        rng = np.random.default_rng([int(seed) % (2**32), draw])
+        out = dict(feed)
+        for op, a in zip(ops, args):
+            given = [np.asarray(next(values)) for _ in a]
+            out[op.outputs[0]] = _draw(rng, op.type, given, op.outputs[0].dtype.as_numpy_dtype)
+        return out
 
     # -- the training step, watched -------------------------------------------------------
     def _train(self, feed: dict) -> bool:
@@ -498,6 +541,28 @@ def _forward_of(graph, grad_op_name: str):
             except (KeyError, ValueError):
                 return None
     return None
+
+
+TRAIN_DRAW = 1                # the training step's own draw of the program's randomness
+RANDOM_OPS = {"RandomUniform", "RandomStandardNormal", "TruncatedNormal", "RandomUniformInt"}
+
+
+def _draw(rng: np.random.Generator, kind: str, args: list[np.ndarray], dtype) -> np.ndarray:
+    """Values for a stateful random op of ``kind`` with its inputs ``args`` (shape first), as TF
+    draws them: uniform in [0, 1), standard normal, normal truncated at two deviations, integers
+    in [minval, maxval)."""
+    shape = tuple(int(d) for d in np.atleast_1d(args[0]).tolist()) if np.ndim(args[0]) else (int(args[0]),)
+    if kind == "RandomUniform":
+        return rng.random(shape).astype(dtype)
+    if kind == "RandomUniformInt":
+        return rng.integers(int(args[1]), int(args[2]), size=shape).astype(dtype)
+    x = rng.standard_normal(shape)
+    if kind == "TruncatedNormal":
+        bad = np.abs(x) > 2
+        while bad.any():
+            x[bad] = rng.standard_normal(int(bad.sum()))
+            bad = np.abs(x) > 2
+    return x.astype(dtype)
 
 
 def _ancestors(ops: list) -> list:
