@@ -163,6 +163,11 @@ class SiteSearch:
         return [k for k in self.values if k in self.bounds]
 
     @property
+    def last_loss(self) -> float:
+        """The suspect loss of the last step of this quantum (inf before its first)."""
+        return self._trace[-1].suspect_loss if self._trace else math.inf
+
+    @property
     def batch_size(self) -> int:
         for k, v in self.values.items():
             if not k.startswith(WEIGHT_PREFIX):
@@ -182,19 +187,21 @@ class SiteSearch:
         return self.clip(self.runner.sample(self.rng))
 
     def evaluate(self, values: dict[str, np.ndarray], *, event: str = "step", grad: bool = True,
-                 seed_step: int | None = None) -> Evaluation:
+                 seed_step: int | None = None, lookahead: bool = False) -> Evaluation:
         """One step at ``values``. Raises Triggered or QuantumOver; keeps the trace.
 
         The program's randomness (dropout, noise) is seeded from the campaign seed, the
         site and the step; a strategy may pass ``seed_step`` to evaluate several
-        candidates under the same randomness (common random numbers).
+        candidates under the same randomness (common random numbers). ``lookahead`` asks the
+        runner for ``Evaluation.train_grads`` too (a program that trains).
         """
         if self.step >= self._end:
             raise QuantumOver
         seed = step_seed(self.config.seed, self.site.id, self.step if seed_step is None else seed_step)
         if self.frozen:
             self.runner.reset()
-        ev = self.runner.evaluate(values, self.site, grad=grad, train=True, seed=seed)
+        extra = {"lookahead": True} if lookahead else {}
+        ev = self.runner.evaluate(values, self.site, grad=grad, train=True, seed=seed, **extra)
         self.step += ev.passes
         self.trained = self.trained or ev.trained
         loss = suspect_loss(ev, self.spec)

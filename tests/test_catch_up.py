@@ -71,7 +71,9 @@ def test_adaptive_on_a_program_that_trains_does_not_depend_on_its_slicing():
     """The re-measurement of a point (a program that trains, after a failed list) is one step that a
     quantum may cut: the next quantum makes the same step, it does not count a second re-measurement
     (it did: the search cache of the scheduler benchmark caught it, and a catch-up in other slices
-    would have gone elsewhere). One quantum after a refresh against 120 one-step quanta."""
+    would have gone elsewhere). So are the probe's mutations and the steps that ride the program's
+    training (each one step; the probe's last call takes none). Two quanta after a refresh against
+    320 one-step quanta, through a probe, a drift given up after its patience, and re-measurements."""
     spec = TargetSpec("rsqrt-b16", "benchmarks/targets/raw_units.py:make_target",
                       {"subject": "rsqrt_norm_guarded", "scale": 10.0, "batch": 16}, seed=7, base_dir=os.getcwd())
     config = SearchConfig("adaptive", 1500, 7)
@@ -87,9 +89,11 @@ def test_adaptive_on_a_program_that_trains_does_not_depend_on_its_slicing():
             step = out.result.steps
         return points
 
-    whole = run([(35, False), (120, True)])
-    assert sum(1 for p in whole if p[3] == "recheck") == 2, "the case: a program that trains, re-measured"
-    assert run([(35, False)] + [(1, i == 0) for i in range(120)]) == whole
+    whole = run([(35, False), (120, True), (200, False)])
+    events = [p[3] for p in whole]
+    assert events.count("recheck") == 2, "the case: a program that trains, re-measured"
+    assert "probe" in events and "drift" in events, "the case: a slow site probed, then riding the training"
+    assert run([(35, False)] + [(1, i == 0) for i in range(120)] + [(1, False)] * 200) == whole
 
 
 def test_the_controller_asks_for_a_checkpoint_once_in_a_while(tmp_path: Path):

@@ -43,7 +43,7 @@ from fuzz_core.backends.tf_common import (
 )
 from fuzz_core.backends.tf_recorder import (
     ALWAYS_OK, CALL_TYPES, IF_TYPES, NOT_SEARCHED, PASS_THROUGH, WHILE_TYPES, XP, Call, FlagBook, GraphOp,
-    branch_graphs, graph_flag, traceback_location, walk,
+    branch_graphs, graph_flag, tiny_of, traceback_location, walk,
 )
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue
 from fuzz_core.sites import OpSite
@@ -90,6 +90,8 @@ class GraphRunner(Fp32Twin, TargetBatches):
         self._watch: Any = None                 # a scalar bool op: some variable is not finite
         self._diag: tuple | None = None         # gradient-graph ops of the loss and their flags
         self._site_cache: dict[tuple, Any] = {}
+        self._margins: dict[tuple, tuple] = {}      # site key -> (hard, log_loss, log_space) tensors
+        self._ahead: dict[tuple, list | None] = {}  # site key -> its lookahead gradients (built on demand)
         self._copies: dict[tuple, str] = {}
         self._copy_count = 0
         self._random: list | None = None        # the program's stateful random ops, fed by the runner
@@ -328,6 +330,7 @@ class GraphRunner(Fp32Twin, TargetBatches):
 
     def _margin_fetches(self, call: Call, m, seen) -> dict:
         m, hard, log_loss = _soft_min(m)
+        self._margins[call.key] = (hard, log_loss, call.spec.log_space)
         out = {"hard": tf.cast(hard, tf.float64), "log_loss": tf.cast(log_loss, tf.float64),
                "seen": tf.convert_to_tensor(seen)}
         if m.shape.rank is not None and m.shape.rank >= 1:
@@ -341,6 +344,36 @@ class GraphRunner(Fp32Twin, TargetBatches):
             out["log_grads"] = [None if g is None else tf.convert_to_tensor(g)
                                 for g in tf.gradients(log_loss, targets)]
         return out
+
+    def _lookahead_fetches(self, key: tuple) -> list | None:
+        """The placeholders' gradient of ``-<dL/dtheta, dm/dtheta>`` over the trainable variables
+        (see :meth:`fuzz_core.backends.torch.TorchRunner._lookahead`), ``dm/dtheta`` held fixed by
+        ``stop_gradient``: one fetch beside the margin's own. Built the first time a site asks; None
+        when no trainable variable reaches both, or an op of the loss's gradient has no gradient."""
+        if key in self._ahead:
+            return self._ahead[key]
+        fetches = None
+        hard, log_loss, log_space = self._margins[key]
+        names = [n for n in self.searched if n in self.feeds]
+        with self.graph.as_default(), tf.compat.v1.name_scope("cdeepfuzz/ahead/"):
+            self._unfinalize()
+            try:
+                # the hard minimum, in log space for log-space ops (see the torch backend)
+                followed = tf.math.log(tf.maximum(hard, tf.constant(tiny_of(hard.dtype), hard.dtype))) \
+                    if log_space else hard
+                toward = tf.gradients(followed, self._trainable)
+                pairs = [(v, tf.stop_gradient(g)) for v, g in zip(self._trainable, toward) if g is not None]
+                dl = tf.gradients(self.loss, [v for v, _ in pairs]) if pairs else []
+                terms = [tf.reduce_sum(tf.cast(g, tf.float64) * tf.cast(t, tf.float64))
+                         for g, (_, t) in zip(dl, pairs) if g is not None]
+                if terms and names:
+                    grads = tf.gradients(-tf.add_n(terms), [self.feeds[n] for n in names])
+                    if any(g is not None for g in grads):
+                        fetches = [None if g is None else tf.convert_to_tensor(g) for g in grads]
+            except (LookupError, ValueError, TypeError):   # an op without a second-order gradient
+                fetches = None
+        self._ahead[key] = fetches
+        return fetches
 
     def _leaf_targets(self) -> tuple[list[str], list]:
         names = [n for n in self.searched if n in self.feeds]
@@ -380,7 +413,7 @@ class GraphRunner(Fp32Twin, TargetBatches):
         return result
 
     def evaluate(self, values: dict[str, np.ndarray], site: OpSite, *, grad: bool = True,
-                 train: bool = False, seed: int = 0) -> Evaluation:
+                 train: bool = False, seed: int = 0, lookahead: bool = False) -> Evaluation:
         train = train and self.trains
         book = self._instrument()
         site_fetches = self._site_fetches(site)
@@ -396,6 +429,9 @@ class GraphRunner(Fp32Twin, TargetBatches):
                 fetches["grads"] = [g for g in site_fetches["grads"] if g is not None]
                 if "log_grads" in site_fetches:
                     fetches["log_grads"] = [g for g in site_fetches["log_grads"] if g is not None]
+                ahead = self._lookahead_fetches(site.key) if lookahead and train else None
+                if ahead is not None:
+                    fetches["train_grads"] = [g for g in ahead if g is not None]
         res = self.session.run(fetches, feed_dict=self._with_random(feed, seed))
         flags = [bool(f) for f in res["flags"]] + [bool(res["out_bad"])]
         first = book.first_event(flags, flags[-1], traceback_location(self.loss.op))
@@ -417,6 +453,10 @@ class GraphRunner(Fp32Twin, TargetBatches):
                                                                                       res["grads"]))
                 if "log_grads" in res and math.isfinite(ev.log_loss):
                     ev.log_grads, _, _ = _collect(names, shapes, _fill(site_fetches["log_grads"], res["log_grads"]))
+                if "train_grads" in res:
+                    inputs = [n for n in names if not n.startswith(WEIGHT_PREFIX)]
+                    ev.train_grads, _, _ = _collect(inputs, shapes[: len(inputs)],
+                                                    _fill(self._ahead[site.key], res["train_grads"]))
         if train and not ev.event:
             pre = self.get_state()
             feed = self._with_random(feed, seed, TRAIN_DRAW)

@@ -332,9 +332,11 @@ class TorchRunner(TargetBatches):
         return result
 
     def evaluate(self, values: dict[str, np.ndarray], site: OpSite, *, grad: bool = True,
-                 train: bool = False, seed: int = 0) -> Evaluation:
+                 train: bool = False, seed: int = 0, lookahead: bool = False) -> Evaluation:
         """One step: forward under the recorder; the site's margin, losses and gradients; then the
-        program's own training step, watched. Any non-finite value sets ``event`` and ``phase``."""
+        program's own training step, watched. Any non-finite value sets ``event`` and ``phase``.
+        ``lookahead``: also the inputs' gradient of the margin's change under the training step
+        (``Evaluation.train_grads``; only when the program trains its parameters on its loss)."""
         train = train and self.trains
         batch, leaves = self._tensors(values, grad=grad)
         pre = self.state.capture() if (train or self.state.changed()) else None
@@ -351,8 +353,9 @@ class TorchRunner(TargetBatches):
                         event=first is not None, first_op=first, program_loss=_scalar(loss),
                         phase="forward" if first is not None else None)
         if margin is not None:
+            ahead = loss if lookahead and train and grad and not ev.event else None
             self._score(ev, margin, call.spec.log_space, grad and not ev.event, leaves,
-                        retain=train, batch_size=batch_size(values))
+                        retain=train, batch_size=batch_size(values), lookahead=ahead)
         if train and not ev.event and loss is not None:
             ev.trained, ev.phase = self._train(batch, loss, seed, pre)
             ev.passes += int(self.target.train_step is not None)
@@ -368,7 +371,7 @@ class TorchRunner(TargetBatches):
         return ev
 
     def _score(self, ev: Evaluation, margin: torch.Tensor, log_space: bool, grad: bool, leaves: dict,
-               retain: bool, batch_size: int) -> None:
+               retain: bool, batch_size: int, lookahead: torch.Tensor | None = None) -> None:
         m = margin.float() if margin.dtype in (torch.float16, torch.bfloat16) else margin
         flat = m.reshape(-1)
         hard = flat.min()
@@ -387,13 +390,51 @@ class TorchRunner(TargetBatches):
             return
         names = list(leaves)
         targets = [leaves[n] for n in names]
-        keep = retain or log_space
+        ahead = lookahead is not None
+        keep = retain or log_space or ahead
+        # the lookahead follows the hard minimum (in log space for log-space ops): a soft minimum
+        # spreads its weight over near-ties, whose pulls on the weights cancel out
+        followed = torch.log(torch.clamp(hard, min=tiny)) if log_space else hard
         try:
             ev.grads, ev.grad_norm, ev.connected = _grads(hard, names, targets, keep)
             if log_space and math.isfinite(ev.log_loss):
-                ev.log_grads, _, _ = _grads(log_loss, names, targets, retain)
+                ev.log_grads, _, _ = _grads(log_loss, names, targets, retain or ahead)
         except RuntimeError:   # the program overwrote in place a tensor autograd saved
             ev.grads, ev.log_grads, ev.grad_norm, ev.connected = None, None, 0.0, False
+            return
+        if ahead:
+            try:
+                ev.train_grads = self._lookahead(followed, lookahead, names, targets, retain)
+            except RuntimeError:   # an op without a double backward, or a tensor overwritten in place
+                ev.train_grads = None
+
+    def _lookahead(self, margin: torch.Tensor, loss: torch.Tensor, names: list[str],
+                   targets: list[torch.Tensor], retain: bool) -> dict[str, np.ndarray] | None:
+        """The inputs' gradient of ``-<dL/dtheta, dm/dtheta>`` over the parameters theta that the
+        program's optimizers update: one gradient step of its loss ``L`` on this batch changes the
+        margin ``m`` by ``-lr <dL/dtheta, dm/dtheta>`` to first order, so descending this gradient
+        makes the program's own training carry the margin toward the edge (a bug that training
+        reaches: the weights must grow before any input in the box can cross). ``dm/dtheta`` is
+        held fixed; a double backward through ``dL/dtheta`` gives the rest. None when nothing the
+        optimizers update reaches the margin, or an op has no double backward."""
+        params = [p for p in self.state.params() if p.requires_grad]
+        inputs = [(n, t) for n, t in zip(names, targets) if not n.startswith(WEIGHT_PREFIX)]
+        if not params or not inputs or not loss.requires_grad:
+            return None
+        toward = torch.autograd.grad(margin, params, retain_graph=True, allow_unused=True)
+        pairs = [(p, v.detach()) for p, v in zip(params, toward) if v is not None]
+        if not pairs:
+            return None
+        dl = torch.autograd.grad(loss.float().mean(), [p for p, _ in pairs], create_graph=True,
+                                 retain_graph=True, allow_unused=True)
+        terms = [(g * v).sum() for g, (_, v) in zip(dl, pairs) if g is not None and g.requires_grad]
+        if not terms:
+            return None
+        grads = torch.autograd.grad(-torch.stack(terms).sum(), [t for _, t in inputs],
+                                    allow_unused=True, retain_graph=retain)
+        out, _, connected = collect_grads([n for n, _ in inputs], [tuple(t.shape) for _, t in inputs], list(grads),
+                                          lambda g: g.detach().cpu().double().numpy())
+        return out if connected else None
 
     def _train(self, batch: dict, loss: torch.Tensor, seed: int,
                pre: dict | None = None) -> tuple[bool, str | None]:

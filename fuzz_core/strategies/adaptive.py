@@ -40,7 +40,9 @@ from typing import Iterator
 import numpy as np
 
 from fuzz_core.backends.base import WEIGHT_PREFIX, Evaluation
-from fuzz_core.strategies.base import Strategy, box_step, note_reachability, refresh_samples, sign_step
+from fuzz_core.strategies.base import (
+    Strategy, box_step, importance, note_reachability, refresh_samples, sign_step,
+)
 
 OVERSHOOT = 0.5          # linear steps aim this fraction of the margin past a crossed edge
 BACKTRACK = (0.5, 0.2, 0.05)  # shorter steps along the first proposal, after the full ones
@@ -66,6 +68,15 @@ NONMONOTONE = 3          # a tie is measured against the largest of this many ac
 SLOW = 0.5               # an accepted step that kept more than this fraction of the margin was slow
 RECHECKS = 2             # re-measurements of the current point, per site, of a program that trains
 UNDONE = 0.5             # training that took back more than this share of the search's progress fights it
+# riding the program's training (a bug that training reaches: no input in the box crosses at today's weights)
+DRIFT_FRACTION = 0.15    # step per coordinate, as a fraction of its box (GRIST's 0.15 on [0, 1] pixels)
+DRIFT_REFRESH = 100      # drift steps between refreshes of the least important samples (GRIST's rhythm)
+DRIFT_REFRESH_FRACTION = 0.05
+DRIFT_PATIENCE = 200     # drift steps without a new best margin before the site gives drifting up
+DRIFT_AFTER = 8          # slow accepted points in a row before a site with the edge out of the box's reach drifts
+DRIFT_ARMS = ("both", "row", "grad")   # the lookahead on every sample, on the weakest one, or none
+DRIFT_PHASE = 10         # drift steps a direction rule is tried for at a time
+DRIFT_EXPLORE = 5        # every this many phases, the rule left untried longest
 
 
 class Adaptive(Strategy):
@@ -75,6 +86,9 @@ class Adaptive(Strategy):
     def iterate(self, s) -> None:
         cur: Evaluation | None = s.cache.get("current")
         st = s.strategy_state
+        if st.get("drift"):
+            self._drift(s)
+            return
         # "open": a quantum ended inside the list of proposals, which goes on before any escape
         if cur is not None and st.get("escape", 0) > 0 and not st.get("open", False):
             self._escape(s, cur)
@@ -87,6 +101,18 @@ class Adaptive(Strategy):
             self._accept(s, s.values, cur, "step")
             if s.unreachable:
                 return
+        if st.get("probe"):
+            self._probe(s, cur)
+            return
+        if not st.get("open") and st.get("slow_run", 0) >= DRIFT_AFTER and self._rides_training(s, cur):
+            # steps accepted, each keeping most of the way, and the edge beyond the box's reach: the first
+            # time, every mutation is tried from this point (an edge that a jump reaches, such as a ReLU
+            # silencing a whole row, is invisible to the linear model); then the site rides the training
+            if st.get("probed"):
+                self._start_drift(s)
+            else:
+                st.update(probe=True, probed=True, probe_i=0)
+            return
         tried = st.get("tried", 0)         # proposals already rejected for this point (a quantum may end
         mutated = False                    # in the middle of the list)
         st["open"] = True                  # until the list ends: the next quantum goes on with it
@@ -107,6 +133,9 @@ class Adaptive(Strategy):
         st["stall"] = st.get("stall", 0) + 1
         st["prefer"] = None
         if rechecked or not mutated:      # else the same list grows by the mutations: go on where it stopped
+            return
+        if self._rides_training(s, cur):  # the whole list failed, and the edge is out of the box's reach
+            self._start_drift(s)
             return
         st["tried"] = 0
         st["escape"] = ESCAPE_STEPS              # a local minimum: walk out of it, whatever the loss does
@@ -142,10 +171,109 @@ class Adaptive(Strategy):
         st["tried"] = 0
         return True
 
+    # -- riding the program's training ---------------------------------------------------
+    def _rides_training(self, s, cur: Evaluation) -> bool:
+        """The program trains, and no input in the box reaches the edge at today's weights: the
+        linear model of the margin (in the space the search steps in) cannot fall to the edge inside the
+        box. Only the weights can bring it there, and the program's own training moves them: the site
+        rides that training (:meth:`_drift`) instead of searching the box for what is not in it."""
+        st = s.strategy_state
+        if (not s.runner.trains or s.frozen or st.get("drift_done") or not cur.seen
+                or not math.isfinite(cur.hard) or cur.hard <= 0):
+            return False
+        # a quantity that nears its edge multiplicatively (a softmax output) is judged in log space:
+        # in the op's input space a linear model reaches 0 from 1e-3 in one step, and never gets there
+        if s.spec.log_space and cur.log_grads is not None and math.isfinite(cur.log_loss):
+            g, need = cur.log_grads, cur.log_loss
+        else:
+            g, need = cur.grads, cur.hard
+        return g is not None and box_reach(s.values, g, s.bounds) < need
+
+    @staticmethod
+    def _start_drift(s) -> None:
+        s.strategy_state.update(drift=True, drift_steps=0, drift_best=float(s.best), drift_since=0, escape=0,
+                                tried=0, open=False)
+        s.cache.pop("current", None)
+
+    def _drift(self, s) -> None:
+        """One step of GRIST's kind on the inputs, taken whatever the margin does (the program's
+        training between steps is what moves it): each coordinate moves a fixed share of its box
+        against the sign of the hard minimum's gradient (the log-space one's sign; a soft minimum's
+        pulls on near-ties cancel where one element must be driven all the way) plus, by the rule
+        of the moment, the sign of the lookahead gradient (how the inputs steer the program's next
+        training step toward the edge, ``Evaluation.train_grads``): on every sample, on the weakest
+        one only, or not at all (:data:`DRIFT_ARMS`, chosen by :meth:`_drift_arm` from how fast
+        each made the margin fall here: the lookahead on every sample finds a LeNet's softmax
+        underflow in a tenth of sign steps' steps, and slows an SGD-trained MLP with dropout). The
+        margin each step measures falls as training drifts; once the edge is within the box's reach
+        again the site goes back to landing on it with Polyak steps. A refresh every
+        :data:`DRIFT_REFRESH` steps, as GRIST's; drifting is given up for good after
+        :data:`DRIFT_PATIENCE` steps without a new best margin (training that fights)."""
+        st = s.strategy_state
+        ev = s.evaluate(s.values, event="drift", lookahead=True)
+        note_reachability(s, ev)
+        st["drift_steps"] = st.get("drift_steps", 0) + 1
+        if s.unreachable or not ev.seen:
+            return
+        if ev.per_sample is not None:
+            st["last_per_sample"] = ev.per_sample
+            importance(s, ev.per_sample)       # the reference a refresh measures each sample's move from
+        if s.best < st.get("drift_best", math.inf):
+            st["drift_best"], st["drift_since"] = float(s.best), 0
+        else:
+            st["drift_since"] = st.get("drift_since", 0) + 1
+        if not self._rides_training(s, ev) or st["drift_since"] >= DRIFT_PATIENCE:
+            if st["drift_since"] >= DRIFT_PATIENCE:
+                st["drift_done"] = True
+            st.update(drift=False, tried=0, open=False, stall=0)
+            st["seed_step"] = s.step - ev.passes     # the point's randomness: the pass just measured
+            s.cache["current"] = ev
+            return
+        arm = DRIFT_ARMS[self._drift_arm(st, s.last_loss)]
+        if ev.grads is not None and ev.connected:
+            ahead = ev.train_grads if arm != "grad" else None
+            if arm == "row" and ahead is not None:
+                ahead = _rows_only(ahead, self._weakest_rows(s, ev))
+            s.values = drift_step(s.values, ev.grads, ahead, DRIFT_FRACTION, s.bounds)
+        if st["drift_steps"] % DRIFT_REFRESH == 0:
+            refresh_samples(s, DRIFT_REFRESH_FRACTION, ev.per_sample)
+
+    @staticmethod
+    def _drift_arm(st: dict, loss: float) -> int:
+        """Which direction rule the next drift step takes (an index into :data:`DRIFT_ARMS`): each is
+        tried for :data:`DRIFT_PHASE` steps, its gain (how fast the margin fell, median of the first
+        and last three) kept as a running mean; then the best so far, and now and then the one left
+        untried longest."""
+        losses = st.setdefault("phase_losses", [])
+        losses.append(float(loss) if math.isfinite(loss) else 1e300)
+        arm = int(st.get("arm", 0))
+        if len(losses) < DRIFT_PHASE:
+            return arm
+        gain = (float(np.median(losses[:3])) - float(np.median(losses[-3:]))) / len(losses)
+        gains = st.setdefault("arm_gain", [None] * len(DRIFT_ARMS))
+        gains[arm] = gain if gains[arm] is None else 0.5 * gains[arm] + 0.5 * gain
+        used = st.setdefault("arm_used", [-1] * len(DRIFT_ARMS))
+        phase = int(st.get("phases", 0)) + 1
+        st["phases"], used[arm] = phase, phase
+        untried = [i for i, g in enumerate(gains) if g is None]
+        if untried:
+            arm = untried[0]
+        elif phase % DRIFT_EXPLORE == 0:
+            arm = int(np.argmin(used))
+        else:
+            arm = int(np.argmax(gains))
+        st["arm"], st["phase_losses"] = arm, []
+        return arm
+
     def refresh(self, s, fraction: float) -> None:
         """The scheduler saw a plateau. The first time, walk out of the local minimum (the
-        samples may be right: a ReLU region, a ridge); the next time, refresh samples."""
+        samples may be right: a ReLU region, a ridge); the next time, refresh samples. A site
+        that rides the program's training refreshes as GRIST does (a small share: most of the
+        batch is what the training drifts on)."""
         st = s.strategy_state
+        if st.get("drift"):
+            refresh_samples(s, DRIFT_REFRESH_FRACTION, st.get("last_per_sample"))
+            return
         if not st.get("walked"):
             st["walked"] = True
             st["escape"] = max(st.get("escape", 0), ESCAPE_STEPS)
@@ -198,6 +326,8 @@ class Adaptive(Strategy):
         st["recent"] = ([] if cur is None else list(st.get("recent", [])))[-(NONMONOTONE - 1):] + [float(ev.hard)]
         if cur is not None and label != "qn":       # slow progress: the valley is narrow, try qn first
             st["slow"] = bool(cur.hard > 0 and ev.hard / cur.hard > SLOW)
+        if cur is not None:                         # accepted points in a row that kept most of the way
+            st["slow_run"] = st.get("slow_run", 0) + 1 if _kept(s, cur, ev) > SLOW else 0
         s.values = values
         s.cache["current"] = ev
         st["points"] = st.get("points", 0) + (cur is not None)
@@ -207,6 +337,26 @@ class Adaptive(Strategy):
             st["prefer"] = label
         st["stall"] = 0
         st["tried"] = 0
+
+    def _probe(self, s, cur: Evaluation) -> None:
+        """One mutation of the probe per call (each a step; a quantum may end between them): every
+        kind, from the same point; at the end the best one is accepted if it lowered the margin."""
+        st = s.strategy_state
+        proposals = list(self._mutations(s, cur, EARLY_MUTATIONS + MUTATIONS))   # the same list every call
+        i = int(st.get("probe_i", 0))
+        if i < len(proposals):
+            ev = s.evaluate(proposals[i][1], event="probe", seed_step=st.get("seed_step"))
+            st["probe_i"] = i + 1
+            if ev.seen and ev.hard < st.get("probe_best", cur.hard):
+                st["probe_best"], st["probe_at"] = float(ev.hard), i
+                s.cache["probe"] = ev
+            return
+        at = st.pop("probe_at", None)
+        st.pop("probe_best", None)
+        st.update(probe=False, probe_i=0)
+        ev = s.cache.pop("probe", None)
+        if at is not None and ev is not None:
+            self._accept(s, proposals[at][1], ev, "mutation")
 
     def _proposals(self, s, cur: Evaluation) -> Iterator[tuple[str, dict]]:
         st = s.strategy_state
@@ -283,6 +433,55 @@ class Adaptive(Strategy):
         if cur.per_sample is not None and len(cur.per_sample) == s.batch_size:
             return [int(np.argmin(cur.per_sample))]
         return list(range(s.batch_size))
+
+
+def _kept(s, before: Evaluation, after: Evaluation) -> float:
+    """The share of the way to the edge a step kept, measured as the search measures the site: in log
+    space for an op judged there (a softmax output from 1e-10 to 1e-12 kept 95% of 80 nats, not 1%)."""
+    if s.spec.log_space and math.isfinite(before.log_loss) and math.isfinite(after.log_loss):
+        a, b = after.log_loss, before.log_loss
+    else:
+        a, b = after.hard, before.hard
+    return a / b if b > 0 else 0.0
+
+
+def box_reach(x: dict[str, np.ndarray], g: dict[str, np.ndarray], bounds: dict[str, tuple[float, float]]) -> float:
+    """The most a linear model with gradient ``g`` at ``x`` can fall inside the box: every
+    coordinate moved to the bound its gradient points away from."""
+    total = 0.0
+    for k, gk in g.items():
+        if k not in bounds or k not in x:
+            continue
+        lo, hi = bounds[k]
+        v = np.asarray(x[k], dtype=np.float64)
+        gk = np.asarray(gk, dtype=np.float64)
+        total += float(np.where(gk > 0, gk * (v - lo), gk * (v - hi)).sum())
+    return total
+
+
+def _rows_only(g: dict[str, np.ndarray], rows: list[int]) -> dict[str, np.ndarray]:
+    """``g`` with every sample but ``rows`` (on dimension 0) set to 0."""
+    out = {}
+    for k, v in g.items():
+        keep = np.zeros(np.shape(v)[0], dtype=bool)
+        keep[rows] = True
+        out[k] = np.where(keep.reshape((-1,) + (1,) * (np.ndim(v) - 1)), v, 0.0)
+    return out
+
+
+def drift_step(x: dict[str, np.ndarray], g: dict[str, np.ndarray], ahead: dict[str, np.ndarray] | None,
+               fraction: float, bounds: dict[str, tuple[float, float]]) -> dict[str, np.ndarray]:
+    """``x - h * (sign(g) + sign(ahead))`` clipped to the box, ``h`` a ``fraction`` of each box."""
+    out = dict(x)
+    for k, gk in g.items():
+        if k not in bounds or k not in x:
+            continue
+        lo, hi = bounds[k]
+        d = np.sign(gk)
+        if ahead is not None and k in ahead:
+            d = d + np.sign(ahead[k])
+        out[k] = np.clip(x[k] - fraction * (hi - lo) * d, lo, hi).astype(x[k].dtype)
+    return out
 
 
 def adapt_multiplier(mult: float, label: str, before: float, after: float) -> float:

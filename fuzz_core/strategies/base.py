@@ -36,10 +36,24 @@ def note_reachability(s: "SiteSearch", ev: Evaluation) -> None:
         s.unreachable = True
 
 
+_LOG_FLOOR = float(np.finfo(np.float32).tiny)
+
+
+def distance(s: "SiteSearch", per_sample: np.ndarray) -> np.ndarray:
+    """Each sample's distance to the edge in the units the search measures it in: nats above the
+    smallest normal float32 for an op measured in log space (a softmax output of 1e-30 is 18 nats
+    from its underflow, not 1e-30 from it), the margin itself otherwise."""
+    if s.spec.log_space:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.log(np.maximum(per_sample, _LOG_FLOOR)) - math.log(_LOG_FLOOR)
+    return per_sample
+
+
 def importance(s: "SiteSearch", per_sample: np.ndarray | None) -> np.ndarray | None:
     """How far each sample's suspect loss moved since the last refresh (a real score)."""
     if per_sample is None:
         return None
+    per_sample = distance(s, per_sample)
     ref = s.strategy_state.get("ref_per_sample")
     if not isinstance(ref, np.ndarray) or ref.shape != per_sample.shape:
         s.strategy_state["ref_per_sample"] = per_sample.copy()
