@@ -74,6 +74,7 @@ DRIFT_REFRESH = 100      # drift steps between refreshes of the least important 
 DRIFT_REFRESH_FRACTION = 0.05
 DRIFT_PATIENCE = 200     # drift steps without a new best margin before the site gives drifting up
 DRIFT_AFTER = 8          # slow accepted points in a row before a site with the edge out of the box's reach drifts
+DRIFT_CRAWL = 24         # slow accepted points in a row before a site that trains drifts, edge in reach or not
 DRIFT_ARMS = ("both", "row", "grad")   # the lookahead on every sample, on the weakest one, or none
 DRIFT_PHASE = 10         # drift steps a direction rule is tried for at a time
 DRIFT_EXPLORE = 5        # every this many phases, the rule left untried longest
@@ -103,6 +104,9 @@ class Adaptive(Strategy):
                 return
         if st.get("probe"):
             self._probe(s, cur)
+            return
+        if not st.get("open") and st.get("slow_run", 0) >= DRIFT_CRAWL and self._may_drift(s, cur):
+            self._start_drift(s, "crawl")  # a long crawl toward an edge within reach: sign steps beat it
             return
         if not st.get("open") and st.get("slow_run", 0) >= DRIFT_AFTER and self._rides_training(s, cur):
             # steps accepted, each keeping most of the way, and the edge beyond the box's reach: the first
@@ -172,14 +176,18 @@ class Adaptive(Strategy):
         return True
 
     # -- riding the program's training ---------------------------------------------------
+    @staticmethod
+    def _may_drift(s, cur: Evaluation) -> bool:
+        st = s.strategy_state
+        return bool(s.runner.trains and not s.frozen and not st.get("drift_done") and cur.seen
+                    and math.isfinite(cur.hard) and cur.hard > 0)
+
     def _rides_training(self, s, cur: Evaluation) -> bool:
         """The program trains, and no input in the box reaches the edge at today's weights: the
         linear model of the margin (in the space the search steps in) cannot fall to the edge inside the
         box. Only the weights can bring it there, and the program's own training moves them: the site
         rides that training (:meth:`_drift`) instead of searching the box for what is not in it."""
-        st = s.strategy_state
-        if (not s.runner.trains or s.frozen or st.get("drift_done") or not cur.seen
-                or not math.isfinite(cur.hard) or cur.hard <= 0):
+        if not self._may_drift(s, cur):
             return False
         # a quantity that nears its edge multiplicatively (a softmax output) is judged in log space:
         # in the op's input space a linear model reaches 0 from 1e-3 in one step, and never gets there
@@ -190,9 +198,11 @@ class Adaptive(Strategy):
         return g is not None and box_reach(s.values, g, s.bounds) < need
 
     @staticmethod
-    def _start_drift(s) -> None:
-        s.strategy_state.update(drift=True, drift_steps=0, drift_best=float(s.best), drift_since=0, escape=0,
-                                tried=0, open=False)
+    def _start_drift(s, why: str = "box") -> None:
+        """``why``: "box" (the edge out of the box's reach: drifting ends once it is within it again),
+        or "crawl" (a long run of slow steps: drifting ends only with its patience)."""
+        s.strategy_state.update(drift=True, drift_why=why, drift_steps=0, drift_best=float(s.best),
+                                drift_since=0, escape=0, tried=0, open=False)
         s.cache.pop("current", None)
 
     def _drift(self, s) -> None:
@@ -222,7 +232,8 @@ class Adaptive(Strategy):
             st["drift_best"], st["drift_since"] = float(s.best), 0
         else:
             st["drift_since"] = st.get("drift_since", 0) + 1
-        if not self._rides_training(s, ev) or st["drift_since"] >= DRIFT_PATIENCE:
+        boxed = st.get("drift_why", "box") == "box"
+        if (boxed and not self._rides_training(s, ev)) or st["drift_since"] >= DRIFT_PATIENCE:
             if st["drift_since"] >= DRIFT_PATIENCE:
                 st["drift_done"] = True
             st.update(drift=False, tried=0, open=False, stall=0)
