@@ -45,6 +45,11 @@ class Subject:
     data: str = ""                     # what data it trains on here (synthesised, or shipped with a package)
     runnable: bool = True
     reason: str = ""                   # why not, when it cannot run here
+    max_steps: int | None = None       # a budget of its own, below the suite's (a step that costs seconds)
+
+    def budget(self, suite: int) -> int:
+        """Steps per op site for this subject in a run of the suite at ``suite`` steps."""
+        return min(suite, self.max_steps) if self.max_steps else suite
 
 
 def marked_lines(entry: str) -> dict[str, list[int]]:

@@ -512,7 +512,7 @@ def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list
            frameworks: list[str], missing: list[str], seed: int, note: str = "") -> str:
     runnable = [s for s in subjects if s.runnable]
     bugs = [(s, b) for s in runnable for b in s.bugs]
-    outcome = {(b.id, st): bug_outcome(s, b, results.get((subject_key(s), st)), max_steps)
+    outcome = {(b.id, st): bug_outcome(s, b, results.get((subject_key(s), st)), s.budget(max_steps))
                for s, b in bugs for st in strategies}
     has_random = "random" in strategies
 
@@ -525,7 +525,7 @@ def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list
     rows = []
     for s, b in bugs:
         row = [b.id, f"{s.name}", b.op, _published(b)]
-        row += [_fmt_steps(outcome[(b.id, st)], max_steps) for st in strategies]
+        row += [_fmt_steps(outcome[(b.id, st)], s.budget(max_steps)) for st in strategies]
         replays = {outcome[(b.id, st)]["replay"] for st in strategies}
         row.append("FAILED" if "FAILED" in replays else "crash" if "crash" in replays else
                    "ok" if "ok" in replays else "-")
@@ -541,7 +541,10 @@ def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list
             "A bug counts as found when a finding whose first non-finite op (or whose site, when the site's own "
             "hazard fired) is on the line marked `# GRIST bug <id>` reproduces in every fresh rebuild of the "
             "target (the engine's replays and a replay of the saved folder); a cell shows steps to trigger "
-            "(search seconds); `-` is a miss, counted as the budget. GRIST published: GRIST's own per-bug "
+            "(search seconds); `-` is a miss, counted as the budget"
+            + "".join(f" (ID_{s.id}: {s.budget(max_steps)} steps, a budget of its own: its steps cost seconds)"
+                      for s in runnable if s.budget(max_steps) < max_steps)
+            + ". GRIST published: GRIST's own per-bug "
             "figures (n/a: not found in any reachable source, see benchmarks/grist_suite/README.md). "
             f"Random-hard: random does not trigger the bug within {RANDOM_HARD_STEPS} steps.\n",
             table(["bug", "subject", "op", "GRIST published", *strategies, "replay", "random-hard"], rows), ""]
@@ -671,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         version = code_version(subj)
         for st in args.strategies:
             tasks.append({"key": subject_key(subj), "framework": subj.framework, "subject": subj.id, "strategy": st,
-                          "max_steps": args.max_steps, "seed": args.seed, "code_version": version,
+                          "max_steps": subj.budget(args.max_steps), "seed": args.seed, "code_version": version,
                           "cache": Path(args.cache).as_posix(),
                           "groups": groups(subj)})
     t0 = time.time()
@@ -682,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     if args.json:
         runnable = [s for s in subjects if s.runnable]
-        outcomes = {b.id: {st: bug_outcome(s, b, results.get((subject_key(s), st)), args.max_steps)
+        outcomes = {b.id: {st: bug_outcome(s, b, results.get((subject_key(s), st)), s.budget(args.max_steps))
                            for st in args.strategies} for s in runnable for b in s.bugs}
         Path(args.json).write_text(json.dumps(
             {"max_steps": args.max_steps, "bugs": outcomes,

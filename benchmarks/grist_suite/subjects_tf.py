@@ -25,9 +25,11 @@ def _entry(module: str) -> str:
     return f"{_DIR}/{module}.py:make_target"
 
 
-def _one(sid: int, name: str, module: str, op: str = "log", data: str = MNIST, note: str = "") -> Subject:
+def _one(sid: int, name: str, module: str, op: str = "log", data: str = MNIST, note: str = "",
+         max_steps: int | None = None) -> Subject:
     """A subject with a single bug (most of them: ``log`` of a softmax that underflows)."""
-    return Subject(sid, name, "tensorflow", bugs=(Bug(f"ID_{sid}", op, _entry(module), note=note),), data=data)
+    return Subject(sid, name, "tensorflow", bugs=(Bug(f"ID_{sid}", op, _entry(module), note=note),), data=data,
+                   max_steps=max_steps)
 
 
 def _variants(sid: int, name: str, module: str, bugs: list[tuple[str, str, str]], data: str = MNIST,
@@ -66,7 +68,7 @@ SUBJECTS: list[Subject] = [
               [("a", "exp", "exp"), ("b", "log", "log"), ("c", "div", "truediv")], data=MNIST_SIGNED),
     _one(17, "TF_Unet", "id17_tf_unet", op="exp",
          data="tf_unet's toy generator re-expressed: 572x572 noisy discs, [0, 1] (synthesised at every batch)",
-         note="one 572x572 image per step: about 1.5 s per forward pass on one CPU core"),
+         note="one 572x572 image per step: about 1.5 s per forward pass on one CPU core", max_steps=100),
     _one(18, "Hands-On TensorFlow", "id18_hands_on_tensorflow"),
     _one(19, "Python-Tensorflow", "id19_python_tensorflow"),
     _one(20, "Tensorflow-Examples", "id20_tensorflow_examples"),
