@@ -5,9 +5,9 @@ One gradient step of the program's loss ``L`` at learning rate ``lr`` on a batch
 weights to ``theta - lr dL/dtheta(x)``; the margin ``m`` the search follows, measured at a fixed
 point ``x0``, then changes by ``-lr <dL/dtheta(x), dm/dtheta(x0)>`` to first order. So the
 derivative in ``x`` (at ``x0``) of "the margin at ``x0`` after one plain SGD step on ``x``" is
-``lr * train_grads``. Both backends are held to that by central finite differences on a small
-softmax regression in float64 (a log of a softmax: a log-space site, so ``m`` is ``log`` of the
-hard minimum), trained by ``SGD``.
+``lr * train_grads``. Every backend (PyTorch, TF1 graphs, TF2 eager) is held to that by central
+finite differences on a small softmax regression in float64 (a log of a softmax: a log-space
+site, so ``m`` is ``log`` of the hard minimum), trained by plain gradient descent.
 """
 from __future__ import annotations
 
@@ -69,6 +69,22 @@ def graph_target(seed: int = 0):
                        sample=lambda rng: _data(), bounds={"x": (-5.0, 5.0)}, search=["x"])
 
 
+def eager_target(seed: int = 0) -> Target:
+    import tensorflow as tf
+
+    init = np.random.default_rng(seed).normal(0, 1.0, (FEATURES, CLASSES))
+    w = tf.Variable(init, dtype=tf.float64)
+    b = tf.Variable(np.zeros(CLASSES), dtype=tf.float64)
+
+    def program(batch):
+        p = tf.nn.softmax(tf.matmul(batch["x"], w) + b)
+        onehot = tf.one_hot(batch["y"], CLASSES, dtype=tf.float64)
+        return -tf.reduce_mean(tf.reduce_sum(onehot * tf.math.log(p), axis=1))
+
+    return Target(program=program, sample=lambda rng: _data(), model=[w, b],
+                  optimizer=tf.keras.optimizers.SGD(learning_rate=LR), bounds={"x": (-5.0, 5.0)}, search=["x"])
+
+
 def _runner(factory, framework: str):
     import sys
 
@@ -118,6 +134,12 @@ def test_torch_lookahead_is_the_margins_derivative_through_one_training_step():
 def test_graph_lookahead_is_the_margins_derivative_through_one_training_step():
     pytest.importorskip("tensorflow")
     _check_first_order(_runner("graph_target", "tensorflow"))
+
+
+@pytest.mark.tf
+def test_eager_lookahead_is_the_margins_derivative_through_one_training_step():
+    pytest.importorskip("tensorflow")
+    _check_first_order(_runner("eager_target", "tensorflow"))
 
 
 def test_no_lookahead_without_a_training_step_or_when_not_asked():

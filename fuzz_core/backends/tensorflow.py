@@ -38,7 +38,7 @@ from fuzz_core.backends.tf_common import (
     keras_policy, seed_everything,
 )
 from fuzz_core.backends.tf_graph import GraphRunner
-from fuzz_core.backends.tf_recorder import XP, EagerRecorder, call_margins, np_dtype
+from fuzz_core.backends.tf_recorder import XP, EagerRecorder, call_margins, np_dtype, tiny_of
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue
 from fuzz_core.sites import OpSite, relative_path
 from fuzz_core.target import GraphTarget, Target, TargetError
@@ -286,36 +286,61 @@ class EagerRunner(Fp32Twin, TargetBatches):
         return CheckResult(ev.event, ev.first_op, triggered, ev.program_loss, ev.phase)
 
     def evaluate(self, values: dict[str, np.ndarray], site: OpSite, *, grad: bool = True,
-                 train: bool = False, seed: int = 0) -> Evaluation:
+                 train: bool = False, seed: int = 0, lookahead: bool = False) -> Evaluation:
         """One step: forward under the recorder; the site's margin, losses and gradients; then the
-        program's own training step, watched. Any non-finite value sets ``event`` and ``phase``."""
-        return self._step(values, site, grad=grad, train=train and self.trains, seed=seed, locate_all=False)[0]
+        program's own training step, watched. Any non-finite value sets ``event`` and ``phase``.
+        ``lookahead``: also ``Evaluation.train_grads`` (a program trained by its optimizer on its loss)."""
+        return self._step(values, site, grad=grad, train=train and self.trains, seed=seed, locate_all=False,
+                          lookahead=lookahead)[0]
 
     def _step(self, values: dict[str, np.ndarray], site: OpSite | None, *, grad: bool, train: bool, seed: int,
-              locate_all: bool) -> tuple[Evaluation, EagerRecorder, list]:
+              locate_all: bool, lookahead: bool = False) -> tuple[Evaluation, EagerRecorder, list]:
         own_step = train and self.target.train_step is None and self.target.optimizer is not None
+        # the lookahead differentiates the training gradient itself: an outer tape records the forward
+        # pass and the inner tape's gradient of the loss (see :meth:`_alignment`)
+        outer = tf.GradientTape(persistent=True) if (lookahead and grad and own_step) else None
+        alignment = None
         with self._scope():
             batch, leaves = self._tensors(values, grad=grad)
+            inputs = {n: t for n, t in leaves.items() if not n.startswith(WEIGHT_PREFIX)}
             tape = tf.GradientTape(persistent=True) if (grad or own_step) else None
-            with tape if tape is not None else contextlib.nullcontext():
-                if tape is not None:
-                    for name, t in leaves.items():
-                        if not name.startswith(WEIGHT_PREFIX):
+            with outer if outer is not None else contextlib.nullcontext():
+                if outer is not None:
+                    for t in inputs.values():
+                        outer.watch(t)
+                with tape if tape is not None else contextlib.nullcontext():
+                    if tape is not None:
+                        for t in inputs.values():
                             tape.watch(t)          # variables are watched as they are read
-                recorder, out = self._forward(batch, seed, locate_all=locate_all)
-                loss = program_loss(out)
-                call = recorder.find(site.key) if site is not None else None
-                margin = call_margins(call) if call is not None else None
-                flags = recorder.resolve([_outputs_nonfinite(out)])
-                first = recorder.first_event(flags, flags[-1], self._program_location())
-                ev = Evaluation(seen=margin is not None, hard=math.inf, log_loss=math.inf,
-                                triggered=call is not None and recorder.triggered(flags, call),
-                                event=first is not None, first_op=first, program_loss=_scalar(loss))
-                scored = self._stats(ev, margin, batch_size(values)) if margin is not None else None
-                mean_loss = tf.reduce_mean(loss) if own_step and not ev.event and loss is not None else None
+                    recorder, out = self._forward(batch, seed, locate_all=locate_all)
+                    loss = program_loss(out)
+                    call = recorder.find(site.key) if site is not None else None
+                    margin = call_margins(call) if call is not None else None
+                    flags = recorder.resolve([_outputs_nonfinite(out)])
+                    first = recorder.first_event(flags, flags[-1], self._program_location())
+                    ev = Evaluation(seen=margin is not None, hard=math.inf, log_loss=math.inf,
+                                    triggered=call is not None and recorder.triggered(flags, call),
+                                    event=first is not None, first_op=first, program_loss=_scalar(loss))
+                    scored = self._stats(ev, margin, batch_size(values)) if margin is not None else None
+                    mean_loss = tf.reduce_mean(loss) if own_step and not ev.event and loss is not None else None
+                    followed = None
+                    if outer is not None and scored is not None and mean_loss is not None:
+                        hard = scored[0]     # the hard minimum, in log space for log-space ops (as the torch backend)
+                        followed = (tf.math.log(tf.maximum(hard, tf.constant(tiny_of(hard.dtype), hard.dtype)))
+                                    if call.spec.log_space else hard)
+                if followed is not None:
+                    alignment = self._alignment(tape, followed, mean_loss)
             if scored is not None and grad and not ev.event and tape is not None:
                 hard, log_loss = scored
                 self._grads(ev, tape, hard, log_loss, call.spec.log_space, leaves)
+            if alignment is not None and inputs and ev.grads is not None:
+                names = list(inputs)
+                # of the alignment as recorded (a negation out here would be an op the tape never saw)
+                grads = [None if g is None else -tf.convert_to_tensor(g)
+                         for g in outer.gradient(alignment, [inputs[n] for n in names])]
+                ev.train_grads, _, connected = _collect(names, [tuple(inputs[n].shape) for n in names], grads)
+                if not connected:
+                    ev.train_grads = None
             if ev.event:
                 ev.phase = "forward"
             elif train and loss is not None:
@@ -398,6 +423,21 @@ class EagerRunner(Fp32Twin, TargetBatches):
         ev.grads, ev.grad_norm, ev.connected = _collect(names, shapes, grads)
         if log_space and math.isfinite(ev.log_loss):
             ev.log_grads, _, _ = _collect(names, shapes, tape.gradient(log_loss, targets))
+
+    def _alignment(self, tape, margin, mean_loss):
+        """``<dL/dtheta, dm/dtheta>`` over the trainable variables, ``dm/dtheta`` held fixed (see
+        :meth:`fuzz_core.backends.torch.TorchRunner._lookahead`); called where an outer tape records it,
+        so that its gradient with respect to the inputs is the lookahead. None when no variable reaches
+        both."""
+        params = [_tf_var(v) for v in self._trainable]
+        toward = tape.gradient(margin, params)
+        pairs = [(p, tf.stop_gradient(g)) for p, g in zip(params, toward) if g is not None]
+        if not pairs:
+            return None
+        dl = tape.gradient(mean_loss, [p for p, _ in pairs])
+        terms = [tf.reduce_sum(tf.cast(g, tf.float64) * tf.cast(v, tf.float64))
+                 for g, (_, v) in zip(dl, pairs) if g is not None]
+        return tf.add_n(terms) if terms else None
 
     def _depends_on_params(self, tape, hard, targets: list) -> bool:
         others = [_tf_var(v) for v in self._trainable]
