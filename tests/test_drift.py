@@ -25,11 +25,12 @@ from fuzz_core.status import SiteStatus
 
 ID_3 = "benchmarks/grist_suite/tf_programs/id03_github_ips9.py:make_target"
 ID_12 = "benchmarks/grist_suite/torch_programs/id12_skorch_mnist.py:make_target"
+ID_48 = "benchmarks/grist_suite/tf_programs/id48_dive_python.py:make_target"
 
 
-def _site(entry: str, framework: str, op: str = "log"):
-    runner = build_runner(TargetSpec("drift", entry, {}, framework=framework, seed=0, base_dir=os.getcwd()),
-                          RunnerOptions())
+def _site(entry: str, framework: str, op: str = "log", args: dict | None = None, name: str = "drift"):
+    runner = build_runner(TargetSpec(name, entry, dict(args or {}), framework=framework, seed=0,
+                                     base_dir=os.getcwd()), RunnerOptions())
     site = next(s for s in discover_sites(runner, 0) if s.searched and s.op == op)
     return runner, site
 
@@ -59,6 +60,22 @@ def test_adaptive_rides_an_mlps_training_where_sign_steps_do_not():
     _rides_where_sign_steps_do_not(ID_12, "torch", 500)
 
 
+@pytest.mark.tf
+def test_a_drift_that_progresses_is_not_given_up_for_a_point_the_training_has_moved_past():
+    """TF ID_48a (an MLP whose softmax layer starts at zero, trained by Adagrad): early gradient steps
+    reach a softmax output of 1e-28 under the first training steps' weights, and the training takes it
+    back. The drift then lowers the margin it measures for hundreds of steps; its patience once
+    counted them against that early best, which it never beat, and gave up with the edge 44 nats
+    away. ``grist`` triggers it at 383 steps (with the suite's target name; the site's id seeds its
+    batches and dropout)."""
+    pytest.importorskip("tensorflow")
+    runner, site = _site(ID_48, "tensorflow", args={"variant": "deep"}, name="grist-id48")
+    _, found = _search(runner, site, "adaptive", 1000)
+    assert found.status is SiteStatus.FOUND, f"missed in 1000 steps (best {found.best_loss:.1f})"
+    drifts = [p.step for p in found.trace if p.event == "drift"]
+    assert len(drifts) > 200, "found by a drift that went on past its patience's 200 steps"
+
+
 def test_a_drifting_search_resumes_exactly_from_its_checkpoint():
     runner, site = _site(ID_12, "torch")
     whole, result = _search(runner, site, "adaptive", 160)
@@ -74,3 +91,26 @@ def test_a_drifting_search_resumes_exactly_from_its_checkpoint():
     again.restore(arrays, meta)
     tail = again.run(70)
     assert [(p.step, p.event, p.suspect_loss) for p in head.trace + tail.trace] == trace
+
+
+def test_a_tie_is_a_quantisation_level_not_a_return_to_an_old_margin():
+    """Non-monotone acceptance is for a margin quantised by the float resolution of what computes it (a
+    cosine of exactly 1.0, or one ulp below; a variance from cancellation, a few ulps of the mean
+    square): a step no worse than the recent accepted margins and at most ``TIE_RATIO`` times the
+    current one. It once took a step from a softmax output of
+    1e-28 back to 1e-9 (42 nats) because the site's first margin, 0.1, was still among the recent
+    ones (GRIST TF ID_48a: the point was lost, and the site with it)."""
+    from types import SimpleNamespace as E
+
+    from fuzz_core.strategies.adaptive import Adaptive
+
+    st = {"recent": [0.1, 2e-5, 8e-29]}
+    assert not Adaptive._tie(st, "log", E(hard=8e-10), E(hard=8e-29))
+    st = {"recent": [1.2e-7, 6e-8, 6e-8]}
+    assert Adaptive._tie(st, "log", E(hard=1.2e-7), E(hard=6e-8))     # one ulp of a cosine near 1
+    assert Adaptive._tie(st, "qn", E(hard=6e-8), E(hard=6e-8))
+    st = {"recent": [2e-38, 1e-40, 5e-44]}
+    assert Adaptive._tie(st, "qn", E(hard=2.4e-43), E(hard=5e-44))     # rsqrt_norm's variance: 4.8x, ulps
+    assert not Adaptive._tie(st, "sign", E(hard=6e-8), E(hard=6e-8))   # sign steps are never ties
+    st = {"recent": [1e-3], "ties": 4}
+    assert not Adaptive._tie(st, "linear", E(hard=1e-3), E(hard=1e-3))   # at most MAX_TIES in a row

@@ -65,6 +65,7 @@ QN_MEMORY = 8            # curvature pairs kept by the quasi-Newton (L-BFGS) pro
 QN_MAX_SIZE = 1 << 20    # searched elements above which it is not used (memory: 2 * QN_MEMORY copies)
 MAX_TIES = 4             # consecutive gradient steps accepted on an unchanged (quantised) margin
 NONMONOTONE = 3          # a tie is measured against the largest of this many accepted margins
+TIE_RATIO = 16.0         # ... and at most this many times the current one (a few ulps of a quantised margin)
 SLOW = 0.5               # an accepted step that kept more than this fraction of the margin was slow
 RECHECKS = 2             # re-measurements of the current point, per site, of a program that trains
 UNDONE = 0.5             # training that took back more than this share of the search's progress fights it
@@ -72,7 +73,7 @@ UNDONE = 0.5             # training that took back more than this share of the s
 DRIFT_FRACTION = 0.15    # step per coordinate, as a fraction of its box (GRIST's 0.15 on [0, 1] pixels)
 DRIFT_REFRESH = 100      # drift steps between refreshes of the least important samples (GRIST's rhythm)
 DRIFT_REFRESH_FRACTION = 0.05
-DRIFT_PATIENCE = 200     # drift steps without a new best margin before the site gives drifting up
+DRIFT_PATIENCE = 200     # drift steps without a margin below the lowest the drift has measured: drifting is given up
 DRIFT_AFTER = 8          # slow accepted points in a row before a site with the edge out of the box's reach drifts
 DRIFT_CRAWL = 24         # slow accepted points in a row before a site that trains drifts, edge in reach or not
 DRIFT_ARMS = ("both", "row", "grad")   # the lookahead on every sample, on the weakest one, or none
@@ -201,7 +202,7 @@ class Adaptive(Strategy):
     def _start_drift(s, why: str = "box") -> None:
         """``why``: "box" (the edge out of the box's reach: drifting ends once it is within it again),
         or "crawl" (a long run of slow steps: drifting ends only with its patience)."""
-        s.strategy_state.update(drift=True, drift_why=why, drift_steps=0, drift_best=float(s.best),
+        s.strategy_state.update(drift=True, drift_why=why, drift_steps=0, drift_best=math.inf,
                                 drift_since=0, escape=0, tried=0, open=False)
         s.cache.pop("current", None)
 
@@ -218,7 +219,9 @@ class Adaptive(Strategy):
         margin each step measures falls as training drifts; once the edge is within the box's reach
         again the site goes back to landing on it with Polyak steps. A refresh every
         :data:`DRIFT_REFRESH` steps, as GRIST's; drifting is given up for good after
-        :data:`DRIFT_PATIENCE` steps without a new best margin (training that fights)."""
+        :data:`DRIFT_PATIENCE` steps without a margin below the lowest the drift itself measured
+        (training that fights; not the site's best, which may be a point measured under weights the
+        training has since moved past)."""
         st = s.strategy_state
         ev = s.evaluate(s.values, event="drift", lookahead=True)
         note_reachability(s, ev)
@@ -228,8 +231,10 @@ class Adaptive(Strategy):
         if ev.per_sample is not None:
             st["last_per_sample"] = ev.per_sample
             importance(s, ev.per_sample)       # the reference a refresh measures each sample's move from
-        if s.best < st.get("drift_best", math.inf):
-            st["drift_best"], st["drift_since"] = float(s.best), 0
+        # progress is the drift's own: the margin it measures now against the lowest it measured, not the
+        # site's best (a point measured under weights the training has since moved on from)
+        if s.last_loss < st.get("drift_best", math.inf):
+            st["drift_best"], st["drift_since"] = float(s.last_loss), 0
         else:
             st["drift_since"] = st.get("drift_since", 0) + 1
         boxed = st.get("drift_why", "box") == "box"
@@ -298,10 +303,15 @@ class Adaptive(Strategy):
         """A non-monotone acceptance of gradient steps (as in Grippo-Lampariello-Lucidi line
         searches): at the float resolution of the op's input the margin is quantised and
         noisy by an ulp while the gradient still points the way (two embeddings 1e-4 rad
-        apart compute a cosine of exactly 1.0, or one ulp below). A few steps no worse
-        than the recent accepted margins are taken; a strict improvement ends the run."""
+        apart compute a cosine of exactly 1.0, or one ulp below; a variance from cancellation
+        moves by a few ulps of the mean square). A few steps no worse than the recent accepted
+        margins, and at most :data:`TIE_RATIO` times the current one, are taken; a strict
+        improvement ends the run. The bound keeps a tie a tie: with the site's first margin
+        (a softmax output of 0.1) among the recent ones, a step from 1e-28 back to 1e-9 was once
+        taken as one (GRIST TF ID_48a), and the point was lost."""
         recent = st.get("recent") or [cur.hard]
-        if label in ("qn", "linear", "log") and ev.hard <= max(recent) and st.get("ties", 0) < MAX_TIES:
+        if (label in ("qn", "linear", "log") and ev.hard <= max(recent) and ev.hard <= TIE_RATIO * cur.hard
+                and st.get("ties", 0) < MAX_TIES):
             st["ties"] = st.get("ties", 0) + 1
             return True
         return False
