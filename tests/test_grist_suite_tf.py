@@ -116,3 +116,20 @@ def test_factory_builds_runs_and_its_sites_sit_on_the_marked_lines(key):
     for bug in BY_TARGET[key]:
         marked = {f"{path}:{n}" for n in marked_lines(entry)[bug.id]}
         assert any((bug.op, loc) in where for loc in marked), f"{bug.id}: no {bug.op} site on {sorted(marked)}"
+
+
+def test_grists_own_loop_drives_a_program_to_a_non_finite_loss_and_keeps_its_outcome():
+    """``grist_loop.py`` (GRIST's loop beside the strategy): on ID_10 it ends at a non-finite loss
+    within a few iterations; for an op not on the marked line it says the op is missing rather than
+    searching something else; its kept outcome is keyed by the loop's and the program's sources."""
+    from benchmarks.grist_suite import grist_loop as gl
+
+    subject = next(s for s in SUBJECTS if s.id == 10)
+    out = gl.grist_loop(subject, subject.bugs[0], 50)
+    assert out["iterations"] is not None and 1 <= out["iterations"] <= 50
+
+    wrong = type(subject.bugs[0])(subject.bugs[0].id, "sqrt", subject.bugs[0].entry)   # no sqrt on that line
+    assert "not found" in gl.grist_loop(subject, wrong, 5)["error"]
+
+    other = next(s for s in SUBJECTS if s.id == 21)
+    assert gl._version(subject) != gl._version(other) and gl._version(subject) == gl._version(subject)
