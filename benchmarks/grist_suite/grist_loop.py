@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 STEP, REFRESH_EVERY, REFRESH_FRACTION = 0.15, 100, 0.05     # GRIST's experiments.config
-# each subject's outcome, kept (under a hash of this file and the program's) so that the section can be
+# each subject's outcome, kept (under a hash of the loop's code and the program's) so that the section can be
 # written again without running the loop
 CACHE = ROOT / "benchmarks" / "grist_suite" / ".cache" / "grist_loop"
 TF_OPS = {"log": ("Log",), "exp": ("Exp",), "div": ("RealDiv", "Div"), "sqrt": ("Sqrt",)}
@@ -127,10 +127,14 @@ def _worker(task: dict) -> dict:
 
 
 def _version(subject) -> str:
-    """A hash of what the loop's outcome on ``subject`` depends on: this file and the program's files."""
+    """A hash of what the loop's outcome on ``subject`` depends on: the loop's own code (not this file's
+    report) and the program's files."""
     import hashlib
+    import inspect
 
-    h = hashlib.sha1(Path(__file__).read_bytes())
+    h = hashlib.sha1(f"{STEP} {REFRESH_EVERY} {REFRESH_FRACTION} {TF_OPS}".encode())
+    for fn in (bug_input, grist_loop, _worker):
+        h.update(inspect.getsource(fn).encode())
     for path in sorted({ROOT / b.entry.split(":", 1)[0] for b in subject.bugs}):
         h.update(path.read_bytes())
         for helper in sorted(path.parent.glob("_*.py")):

@@ -551,10 +551,14 @@ def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list
     engines = sorted({r.get("engine", "?") for r in results.values() if "crash" not in r})
     walls = [r["wall_s"] for r in results.values() if "wall_s" in r]
     loads = [r["load"] for r in results.values() if r.get("load") is not None]
-    commits = sorted({e.split("+")[0] for e in engines})
+    dirty = any("+" in e for e in engines)
+    per_strategy = "; ".join(
+        f"{st} at {', '.join(sorted({r.get('engine', '?') for (_, s), r in results.items() if s == st and 'crash' not in r}))}"
+        for st in strategies)
     engine_text = (f"engine at {engines[0]}" if len(engines) == 1 else
-                   f"{len(engines)} states of the engine (commits {', '.join(commits)}, some with uncommitted "
-                   "changes: it was being changed while the suite ran)")
+                   f"{len(engines)} commits of the repository ({per_strategy})"
+                   + (", some with uncommitted changes to fuzz_core: it was being changed while the suite ran"
+                      if dirty else ""))
     text.insert(2, f"Run on {engine_text}; {len(walls)} (subject, strategy) processes, {sum(walls) / 60:.0f} "
                    "process-minutes of wall time in all (one thread each)"
                    + (f", 1-minute load average at their ends: median {statistics.median(loads):.1f}"
