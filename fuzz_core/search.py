@@ -7,6 +7,7 @@ spent. The whole state is plain NumPy and JSON, so it checkpoints anywhere.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import time
@@ -293,11 +294,16 @@ class SiteSearch:
 
     # -- checkpoints --------------------------------------------------------------------
     def checkpoint(self) -> tuple[dict[str, np.ndarray], dict]:
-        """(arrays, json-able meta): values, runner state, strategy arrays; step, best, RNG."""
-        arrays = {"values." + k: v for k, v in self.values.items()}
+        """(arrays, json-able meta): values, runner state, strategy arrays; step, best, RNG. A copy,
+        never a view of the live search: a checkpoint kept in memory (the driver persists it later;
+        a local executor hands it over as it is) must not follow the search's later steps (a
+        strategy's lists grow in place: a drift's phase losses did, and a resume from such a
+        checkpoint went elsewhere than the search it was taken from)."""
+        arrays = {"values." + k: np.array(v, copy=True) for k, v in self.values.items()}
         arrays.update({"state." + k: v for k, v in self.runner.get_state().items()})
         strategy_arrays, meta_strategy = _split("strategy.", self.strategy_state)
-        arrays.update(strategy_arrays)
+        arrays.update({k: np.array(v, copy=True) for k, v in strategy_arrays.items()})
+        meta_strategy = copy.deepcopy(meta_strategy)
         meta = {"step": self.step, "best": self.best, "trained": self.trained, "seconds": self.seconds,
                 "unreachable": self.unreachable, "frozen": self.frozen, "rng": self.rng.bit_generator.state,
                 "strategy": meta_strategy, "bounds": {k: list(v) for k, v in self.bounds.items()},
@@ -309,9 +315,13 @@ class SiteSearch:
         return arrays, meta
 
     def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
-        self.values = {k[7:]: v for k, v in arrays.items() if k.startswith("values.")}
+        """Go on from a checkpoint; as a checkpoint is a copy, the search takes a copy of it (it may be
+        restored again: a site that moves, a benchmark that replays)."""
+        self.values = {k[7:]: np.array(v, copy=True) for k, v in arrays.items() if k.startswith("values.")}
         self.runner.set_state({k[6:]: v for k, v in arrays.items() if k.startswith("state.")})
-        self.strategy_state = _join("strategy.", arrays, meta.get("strategy", {}))
+        self.strategy_state = _join("strategy.", {k: np.array(v, copy=True) for k, v in arrays.items()
+                                                  if k.startswith("strategy.")},
+                                    copy.deepcopy(meta.get("strategy", {})))
         # a resumed site goes on from its strategy's last evaluation, not a new one
         self.cache = {key: _evaluation(_join(f"cache.{key}.", arrays, scalars))
                       for key, scalars in meta.get("cache", {}).items()}

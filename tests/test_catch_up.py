@@ -180,3 +180,40 @@ def test_a_site_that_moves_to_another_actor_takes_the_state_the_first_one_kept(r
     finally:
         hold.unlink(missing_ok=True)
         executor.shutdown()
+
+
+def test_a_checkpoint_is_a_copy_that_the_search_it_came_from_does_not_change():
+    """A checkpoint kept in memory (a local executor hands it to the driver as it is; the scheduler
+    benchmark's cache keeps several) once shared the strategy's lists with the live search: a drift's
+    phase losses grew in it after it was taken, and a resume from it went elsewhere (seed 20 of the
+    scheduler benchmark: ``NotReplayable``). Taken while drifting, it must resume to the same trace
+    as the search it came from, twice."""
+    import copy
+
+    import numpy as np
+
+    from fuzz_core.engine import build_runner, discover_sites
+    from fuzz_core.search import SiteSearch
+
+    spec = TargetSpec("rsqrt-b16", "benchmarks/targets/raw_units.py:make_target",
+                      {"subject": "rsqrt_norm_guarded", "scale": 10.0, "batch": 16}, seed=7, base_dir=os.getcwd())
+    config = SearchConfig("adaptive", 1500, 7)
+
+    def search():
+        runner = build_runner(spec)
+        site = next(s for s in discover_sites(runner, 7) if s.searched and s.op == "rsqrt")
+        return SiteSearch(runner, site, config)
+
+    live = search()
+    while not (live.strategy_state.get("drift") and live.strategy_state.get("drift_steps", 0) >= 3):
+        assert live.step < 600 and not live.run(1).status.final, "the case: a site that drifts"
+    arrays, meta = live.checkpoint()
+    kept = ({k: v.copy() for k, v in arrays.items()}, copy.deepcopy(meta))
+    trace = lambda r: [(p.step, p.suspect_loss, p.event) for p in r.trace]  # noqa: E731
+    after = trace(live.run(40))
+    assert any(e == "drift" for _, _, e in after)
+    assert meta == kept[1] and all(np.array_equal(arrays[k], kept[0][k]) for k in arrays)
+    for _ in range(2):
+        again = search()
+        again.restore(arrays, meta)
+        assert trace(again.run(40)) == after
