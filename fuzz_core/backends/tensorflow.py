@@ -34,11 +34,11 @@ from fuzz_core.backends.base import (
     WEIGHT_PREFIX, CheckResult, Evaluation, OpRef, RunnerOptions, TargetBatches, batch_size,
 )
 from fuzz_core.backends.tf_common import (
-    Fp32Twin, _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown,
-    keras_policy, seed_everything,
+    Fp32Twin, _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown, alignment,
+    followed_margin, keras_policy, seed_everything,
 )
 from fuzz_core.backends.tf_graph import GraphRunner
-from fuzz_core.backends.tf_recorder import XP, EagerRecorder, call_margins, np_dtype, tiny_of
+from fuzz_core.backends.tf_recorder import XP, EagerRecorder, call_margins, np_dtype
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue
 from fuzz_core.sites import OpSite, relative_path
 from fuzz_core.target import GraphTarget, Target, TargetError
@@ -299,7 +299,7 @@ class EagerRunner(Fp32Twin, TargetBatches):
         # the lookahead differentiates the training gradient itself: an outer tape records the forward
         # pass and the inner tape's gradient of the loss (see :meth:`_alignment`)
         outer = tf.GradientTape(persistent=True) if (lookahead and grad and own_step) else None
-        alignment = None
+        aligned = None
         with self._scope():
             batch, leaves = self._tensors(values, grad=grad)
             inputs = {n: t for n, t in leaves.items() if not n.startswith(WEIGHT_PREFIX)}
@@ -325,19 +325,17 @@ class EagerRunner(Fp32Twin, TargetBatches):
                     mean_loss = tf.reduce_mean(loss) if own_step and not ev.event and loss is not None else None
                     followed = None
                     if outer is not None and scored is not None and mean_loss is not None:
-                        hard = scored[0]     # the hard minimum, in log space for log-space ops (as the torch backend)
-                        followed = (tf.math.log(tf.maximum(hard, tf.constant(tiny_of(hard.dtype), hard.dtype)))
-                                    if call.spec.log_space else hard)
+                        followed = followed_margin(scored[0], call.spec.log_space)
                 if followed is not None:
-                    alignment = self._alignment(tape, followed, mean_loss)
+                    aligned = self._alignment(tape, followed, mean_loss)
             if scored is not None and grad and not ev.event and tape is not None:
                 hard, log_loss = scored
                 self._grads(ev, tape, hard, log_loss, call.spec.log_space, leaves)
-            if alignment is not None and inputs and ev.grads is not None:
+            if aligned is not None and inputs and ev.grads is not None:
                 names = list(inputs)
                 # of the alignment as recorded (a negation out here would be an op the tape never saw)
                 grads = [None if g is None else -tf.convert_to_tensor(g)
-                         for g in outer.gradient(alignment, [inputs[n] for n in names])]
+                         for g in outer.gradient(aligned, [inputs[n] for n in names])]
                 ev.train_grads, _, connected = _collect(names, [tuple(inputs[n].shape) for n in names], grads)
                 if not connected:
                     ev.train_grads = None
@@ -434,10 +432,7 @@ class EagerRunner(Fp32Twin, TargetBatches):
         pairs = [(p, tf.stop_gradient(g)) for p, g in zip(params, toward) if g is not None]
         if not pairs:
             return None
-        dl = tape.gradient(mean_loss, [p for p, _ in pairs])
-        terms = [tf.reduce_sum(tf.cast(g, tf.float64) * tf.cast(v, tf.float64))
-                 for g, (_, v) in zip(dl, pairs) if g is not None]
-        return tf.add_n(terms) if terms else None
+        return alignment(tape.gradient(mean_loss, [p for p, _ in pairs]), [v for _, v in pairs])
 
     def _depends_on_params(self, tape, hard, targets: list) -> bool:
         others = [_tf_var(v) for v in self._trainable]

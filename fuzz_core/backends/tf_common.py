@@ -156,6 +156,22 @@ def _soft_min(m):
     return m, hard, log_loss
 
 
+def followed_margin(hard, log_space: bool):
+    """The margin the lookahead steers the training toward: the hard minimum, in log space for an op
+    judged there (as the torch backend), clamped at the dtype's tiniest normal value."""
+    if not log_space:
+        return hard
+    return tf.math.log(tf.maximum(hard, tf.constant(tiny_of(hard.dtype), hard.dtype)))
+
+
+def alignment(loss_grads: list, toward: list):
+    """``<dL/dtheta, dm/dtheta>`` in float64 over the variables that have both gradients (``toward``
+    held fixed by the caller), or None when none has."""
+    terms = [tf.reduce_sum(tf.cast(g, tf.float64) * tf.cast(t, tf.float64))
+             for g, t in zip(loss_grads, toward) if g is not None]
+    return tf.add_n(terms) if terms else None
+
+
 # ---- mixed precision: the Keras global policy, and the float32 twin of a mixed target ------
 
 def _keras_precision_modules() -> list:

@@ -38,12 +38,12 @@ from fuzz_core.backends.base import (
     WEIGHT_PREFIX, CheckResult, Evaluation, OpRef, RunnerOptions, TargetBatches, batch_size,
 )
 from fuzz_core.backends.tf_common import (
-    Fp32Twin, _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown,
-    seed_everything,
+    Fp32Twin, _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown, alignment,
+    followed_margin, seed_everything,
 )
 from fuzz_core.backends.tf_recorder import (
     ALWAYS_OK, CALL_TYPES, IF_TYPES, NOT_SEARCHED, PASS_THROUGH, WHILE_TYPES, XP, Call, FlagBook, GraphOp,
-    branch_graphs, graph_flag, tiny_of, traceback_location, walk,
+    branch_graphs, graph_flag, traceback_location, walk,
 )
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue
 from fuzz_core.sites import OpSite
@@ -358,16 +358,12 @@ class GraphRunner(Fp32Twin, TargetBatches):
         with self.graph.as_default(), tf.compat.v1.name_scope("cdeepfuzz/ahead/"):
             self._unfinalize()
             try:
-                # the hard minimum, in log space for log-space ops (see the torch backend)
-                followed = tf.math.log(tf.maximum(hard, tf.constant(tiny_of(hard.dtype), hard.dtype))) \
-                    if log_space else hard
-                toward = tf.gradients(followed, self._trainable)
+                toward = tf.gradients(followed_margin(hard, log_space), self._trainable)
                 pairs = [(v, tf.stop_gradient(g)) for v, g in zip(self._trainable, toward) if g is not None]
                 dl = tf.gradients(self.loss, [v for v, _ in pairs]) if pairs else []
-                terms = [tf.reduce_sum(tf.cast(g, tf.float64) * tf.cast(t, tf.float64))
-                         for g, (_, t) in zip(dl, pairs) if g is not None]
-                if terms and names:
-                    grads = tf.gradients(-tf.add_n(terms), [self.feeds[n] for n in names])
+                aligned = alignment(dl, [t for _, t in pairs])
+                if aligned is not None and names:
+                    grads = tf.gradients(-aligned, [self.feeds[n] for n in names])
                     if any(g is not None for g in grads):
                         fetches = [None if g is None else tf.convert_to_tensor(g) for g in grads]
             except (LookupError, ValueError, TypeError):   # an op without a second-order gradient
