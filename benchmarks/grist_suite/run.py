@@ -552,9 +552,11 @@ def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list
     walls = [r["wall_s"] for r in results.values() if "wall_s" in r]
     loads = [r["load"] for r in results.values() if r.get("load") is not None]
     dirty = any("+" in e for e in engines)
-    per_strategy = "; ".join(
-        f"{st} at {', '.join(sorted({r.get('engine', '?') for (_, s), r in results.items() if s == st and 'crash' not in r}))}"
-        for st in strategies)
+    ran_at: dict[str, set[str]] = {st: set() for st in strategies}
+    for (_, st), r in results.items():
+        if "crash" not in r and st in ran_at:
+            ran_at[st].add(r.get("engine", "?"))
+    per_strategy = "; ".join(f"{st} at {', '.join(sorted(ran_at[st]))}" for st in strategies)
     engine_text = (f"engine at {engines[0]}" if len(engines) == 1 else
                    f"{len(engines)} commits of the repository ({per_strategy})"
                    + (", some with uncommitted changes to fuzz_core: it was being changed while the suite ran"
