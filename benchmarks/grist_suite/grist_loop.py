@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=1000, help="GRIST iterations per bug (and the suite's budget "
                     "whose grist results are compared)")
-    ap.add_argument("--subjects", nargs="*", type=lambda s: int(s.upper().removeprefix("ID_").rstrip("ABCDEFGH")))
+    ap.add_argument("--subjects", nargs="*", help="GRIST subject ids (3, ID_3 or ID_2a), as run.py takes them")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--rerun", action="store_true", help="ignore the results kept from earlier runs")
@@ -174,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from benchmarks._results import table, write_section
+    from benchmarks.grist_suite.run import pick
     from benchmarks.grist_suite.subjects_tf import SUBJECTS
 
-    subjects = [s for s in SUBJECTS if s.runnable and (not args.subjects or s.id in args.subjects)]
+    subjects = pick([s for s in SUBJECTS if s.runnable], args.subjects)
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1",
                TF_CPP_MIN_LOG_LEVEL="3", PYTHONHASHSEED="0")
 
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     if not args.no_write:
         cmd = f"--iterations {args.iterations}" + (
-            " --subjects " + " ".join(str(i) for i in args.subjects) if args.subjects else "")
+            " --subjects " + " ".join(args.subjects) if args.subjects else "")
         write_section("grist_loop", body, script="grist_suite/grist_loop", args=cmd)
     return 0
 
