@@ -10,6 +10,7 @@ is a bug waiting for the first outlier; one at 1e30 is not.
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -41,8 +42,12 @@ def probe(search: "SiteSearch", steps: int = STEPS) -> dict[str, Any]:
     from fuzz_core.search import QuantumOver, Triggered
     from fuzz_core.strategies import make_strategy
 
-    saved = (search.values, search.bounds, search.step, search._end, search.best, search.strategy_state,
-             search.cache, search.candidate, search._trace, search.trained, search.unreachable)
+    # everything the probe's steps may change, copied (a strategy may write into the arrays it was
+    # given, and a refresh draws from the site's RNG): a probe before the end of a search (the share
+    # scheduler asks for one) must leave it to go on exactly as it would have without
+    saved = ({k: np.array(v, copy=True) for k, v in search.values.items()}, search.bounds, search.step, search._end,
+             search.best, search.strategy_state, search.cache, search.candidate, search._trace, search.trained,
+             search.unreachable, search.frozen, copy.deepcopy(search.rng.bit_generator.state))
     original = dict(search.bounds)
     runner_state = search.runner.get_state()
     record: dict[str, Any] = {"best_loss": _finite(search.best), "probe_steps": 0, "triggered": False,
@@ -69,7 +74,8 @@ def probe(search: "SiteSearch", steps: int = STEPS) -> dict[str, Any]:
         record["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         (search.values, search.bounds, search.step, search._end, search.best, search.strategy_state,
-         search.cache, search.candidate, search._trace, search.trained, search.unreachable) = saved
+         search.cache, search.candidate, search._trace, search.trained, search.unreachable, search.frozen,
+         search.rng.bit_generator.state) = saved
         search.runner.reset()                       # the program as the search left it
         search.runner.set_state(runner_state)
     record["message"] = describe(record, original)

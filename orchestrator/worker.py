@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from fuzz_core.backends.base import INPUT_RANGE, Precision, RunnerOptions
-from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from, fresh_runner
+from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from, fresh_runner, same_op
 from fuzz_core.errors import INTERNAL_HINT, classify
 from fuzz_core.loader import EntryError
+from fuzz_core.out_of_reach import probe
 from fuzz_core.findings import Finding
 from fuzz_core.search import QuantumResult, SearchConfig, SiteSearch
 from fuzz_core.sites import OpSite
@@ -103,6 +104,8 @@ class QuantumOutcome:
     finding: Finding | None = None
     worker: str = ""
     kept: Any = None          # where the worker runs, a reference to the site's checkpoint (Ray's object store)
+    outside: bool | None = None   # the out-of-box probe the task asked for: did the site's own op fire? (None: none ran)
+    probe_steps: int = 0          # steps that probe ran (beyond the site's budget)
 
 
 class TargetFailure(Exception):
@@ -228,10 +231,12 @@ class Worker:
             return exc
 
     def run(self, spec: TargetSpec, site: OpSite, config: SearchConfig, steps: int, refresh: bool = False,
-            resume: Resume | None = None, want_checkpoint: bool = True) -> QuantumOutcome:
+            resume: Resume | None = None, want_checkpoint: bool = True, probe_steps: int = 0) -> QuantumOutcome:
         """Run a quantum of ``steps`` steps of ``site`` (after a refresh); the search held live here
         when it stands at ``resume.step``, else rebuilt from ``resume`` (None: a new search). Raises
-        :class:`NeedsResume` when that would need a resume that was not sent (:data:`ASK`)."""
+        :class:`NeedsResume` when that would need a resume that was not sent (:data:`ASK`).
+        ``probe_steps`` > 0: a site still searching after the quantum is then probed outside its
+        bounds for that many steps (:func:`reach_verdict`), its search left as it stood."""
         resume = resume if resume is not None else Resume()
         runner = self._site_runner(spec, site.id)
         search = self.searches.get(site.id)
@@ -268,9 +273,10 @@ class Worker:
         if result.status.final:
             self._drop(spec, site.id)
             return QuantumOutcome(site.id, result, None, finding, self.name())
+        outside, probed = reach_verdict(search, probe_steps) if probe_steps > 0 else (None, 0)
         search.park()
         return QuantumOutcome(site.id, result, search.checkpoint() if want_checkpoint else None, finding,
-                              self.name())
+                              self.name(), outside=outside, probe_steps=probed)
 
     def _resumed(self, runner, site: OpSite, config: SearchConfig, checkpoint: Checkpoint | None,
                  resume: Resume) -> SiteSearch:
@@ -306,3 +312,21 @@ def _set_threads(n: int) -> None:
         torch.set_num_threads(max(1, int(n)))
     except Exception:  # noqa: BLE001 - torch is optional in a TF-only worker
         pass
+
+
+def reach_verdict(search, steps: int) -> tuple[bool | None, int]:
+    """Whether the site's own op goes non-finite once its inputs may leave their bounds: the
+    out-of-box probe of :mod:`fuzz_core.out_of_reach` (``adaptive`` in a box
+    :data:`~fuzz_core.out_of_reach.WIDEN` times as wide, ``steps`` steps beyond the budget, the
+    search put back as it stood), judged on the op that fired first. A trigger of another op
+    (a guarded ``log(1 + exp(x))`` whose ``exp`` overflows first) is not this site's: its op is
+    guarded. Returns (the verdict, the probe's steps); (None, its steps) when the program raised
+    outside its bounds (no verdict)."""
+    record = probe(search, steps)
+    if record.get("error"):
+        return None, int(record["probe_steps"])
+    site = search.site
+    own = bool(record["triggered"]) and same_op(record.get("first_op"), {
+        "op": site.op, "location": site.location, "occurrence": site.occurrence})
+    return own, int(record["probe_steps"])
+

@@ -36,6 +36,7 @@ class Task:
     refresh: bool = False
     resume: Resume | None = None      # for a worker that does not hold the site live (None: a new search)
     want_checkpoint: bool = True      # send the site's checkpoint back (the controller asks at its cadence)
+    probe_steps: int = 0              # then probe it outside its bounds for this many steps (the scheduler asks)
     started: float = field(default_factory=time.monotonic)
     actor: int = -1
 
@@ -135,7 +136,7 @@ class LocalExecutor:
         try:
             with interruptible, time_limit(limit):
                 outcome = self.worker.run(task.spec, task.site, task.config, task.steps, task.refresh,
-                                          task.resume, task.want_checkpoint)
+                                          task.resume, task.want_checkpoint, task.probe_steps)
             return [(task, outcome)]
         except _OverTime:
             self._forget(task)
