@@ -10,11 +10,13 @@ class CountingExecutor:
     """Wraps an executor; counts steps campaign-wide in the order the quanta come back and
     notes, per site, the count at which its finding arrived (``found_at``), whether the site's own op
     fired (``own``) and its steps so far; and how many quanta brought a checkpoint to the driver, and
-    how many bytes of arrays those held."""
+    how many bytes of arrays those held. The steps of out-of-box probes (the ``share`` policy asks
+    for them; they are not a site's budget) count in ``total`` too (and alone in ``probe_steps``):
+    they cost what steps cost."""
 
     def __init__(self, inner) -> None:
         self.inner, self.slots = inner, inner.slots
-        self.total, self.found_at, self.steps = 0, {}, {}
+        self.total, self.found_at, self.steps, self.probe_steps = 0, {}, {}, 0
         self.own = {}       # site -> its finding came from the site's own op (else another op went first)
         self.quanta = self.checkpoints = self.checkpoint_bytes = 0
 
@@ -36,7 +38,9 @@ class CountingExecutor:
                 if checkpoint is not None:
                     self.checkpoints += 1
                     self.checkpoint_bytes += sum(getattr(a, "nbytes", 0) for a in checkpoint[0].values())
-                self.total += result.steps_quantum
+                probed = getattr(outcome, "probe_steps", 0)
+                self.total += result.steps_quantum + probed
+                self.probe_steps += probed
                 self.steps[outcome.site_id] = result.steps
                 finding = getattr(outcome, "finding", None)
                 if finding is not None:

@@ -85,13 +85,15 @@ class SearchCache:
         self.trees: dict[tuple[SearchConfig, str], dict[tuple[int, ...], Branch]] = {}
         self.templates: dict[tuple[SearchConfig, str], Any] = {}   # a real quantum result, not final, per site
         self.live: dict[str, tuple[SearchConfig, tuple[int, ...], int]] = {}   # the worker's searches
+        # out-of-box probes: (config, site, refreshes, step, probe steps) -> (verdict, steps it ran)
+        self.verdicts: dict[tuple, tuple[bool | None, int]] = {}
         self.real_steps = 0      # steps run for real (growing branches, and re-running to reach one)
         self.served_steps = 0    # steps handed to campaigns
 
     # -- persistence (for tuning runs only: a fresh cache is what a benchmark reports) ---------------
     def save(self, path: Path, fingerprint: str) -> None:
         data = {"fingerprint": fingerprint, "options": self.options, "discovered": self.discovered,
-                "trees": self.trees, "templates": self.templates}
+                "trees": self.trees, "templates": self.templates, "verdicts": self.verdicts}
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
         tmp.replace(path)
@@ -103,6 +105,7 @@ class SearchCache:
             data = pickle.loads(path.read_bytes())
             if data.get("fingerprint") == fingerprint and data.get("options") == options:
                 cache.discovered, cache.trees, cache.templates = data["discovered"], data["trees"], data["templates"]
+                cache.verdicts = data.get("verdicts", {})
         return cache
 
     # -- what campaigns call (through a ReplayingExecutor) ---------------------------------------------
@@ -151,7 +154,22 @@ class SearchCache:
                                    log_space=branch.final.result.log_space if branch.final else False)
         else:
             result = dataclasses.replace(template, steps=step, steps_quantum=step - at, trace=served, best_loss=best)
-        return QuantumOutcome(site.id, result, None, None, "replay")
+        outside, probed = self._verdict(task, history, step) if task.probe_steps > 0 else (None, 0)
+        return QuantumOutcome(site.id, result, None, None, "replay", outside=outside, probe_steps=probed)
+
+    def _verdict(self, task: Task, history: tuple[int, ...], step: int) -> tuple[bool | None, int]:
+        """The out-of-box probe of the site's search standing at ``step`` of branch ``history``,
+        run for real the first time (the worker's search is put there, probed, and left as it stood)."""
+        key = (task.config, task.site.id, history, step, task.probe_steps)
+        if key not in self.verdicts:
+            self._reach(task, history, step)
+            out = self.worker.run(task.spec, task.site, task.config, 0, False, Resume(ASK, (), step),
+                                  probe_steps=task.probe_steps)
+            if out.result.steps != step:
+                raise NotReplayable(f"{task.site.label}: the probe at step {step} moved the search")
+            self.real_steps += out.probe_steps
+            self.verdicts[key] = (out.outside, out.probe_steps)
+        return self.verdicts[key]
 
     # -- growing the tree ------------------------------------------------------------------------------
     def _run(self, task: Task, steps: int, refresh: bool, checkpoint: Any = None, fresh: bool = False):

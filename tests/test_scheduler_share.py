@@ -15,7 +15,7 @@ from orchestrator.scheduler import (
     Action, CurvePredictor, Patience, PlateauRefresh, PowerSchedule, ShareScheduler, SiteProgress,
     StarvationGuard, make_scheduler,
 )
-from orchestrator.scheduling.parts import CurveStats, RefreshStats
+from orchestrator.scheduling.parts import CurveStats, ReachProbe, ReachStats, RefreshStats
 
 
 def _feed(pred: CurvePredictor, st: CurveStats, losses, used: int = 0, log_space: bool = False) -> bool:
@@ -343,6 +343,7 @@ class Fake:
     flat_until: int = 0
     floor_at: float = 0.0
     t: int = 0
+    outside: bool | None = None    # what an out-of-box probe says (None: the program gives no verdict)
 
     def run(self, steps: int) -> tuple[list[float], bool]:
         losses = []
@@ -358,8 +359,9 @@ class Fake:
         return losses, False
 
 
-def _until_found(policy: str, sites: dict[str, Fake], bugs: set[str], max_steps: int = 1500) -> int:
-    sched = make_scheduler(policy, max_steps, 20)
+def _until_found(policy: str, sites: dict[str, Fake], bugs: set[str], max_steps: int = 1500, **options) -> int:
+    """Campaign steps until every bug in ``bugs`` triggered, the out-of-box probes' steps included."""
+    sched = make_scheduler(policy, max_steps, 20, **options)
     for name in sites:
         sched.add_site(name)
     total, used, found = 0, Counter(), {}
@@ -369,10 +371,12 @@ def _until_found(policy: str, sites: dict[str, Fake], bugs: set[str], max_steps:
                 continue
             losses, hit = sites[d.site_id].run(d.steps)
             used[d.site_id] += len(losses)
-            total += len(losses)
+            total += len(losses) + (d.reach_steps if not hit else 0)
             if hit:
                 found[d.site_id] = total
-            _report(sched, d.site_id, used[d.site_id], losses, triggered=hit)
+            finite = [v for v in losses if math.isfinite(v)]
+            sched.on_progress(SiteProgress(d.site_id, used[d.site_id], tuple(losses), min(finite, default=math.nan),
+                                           hit, outside=sites[d.site_id].outside if d.reach_steps and not hit else None))
     assert bugs <= set(found), (policy, found)
     return max(found[b] for b in bugs)
 
@@ -390,3 +394,71 @@ def test_a_bug_that_looks_worse_than_its_decoys_is_not_starved():
     rr = _until_found("round-robin", campaign(), {"bug"})
     share = _until_found("share", campaign(), {"bug"})
     assert share <= 2 * rr, (share, rr)
+
+
+def test_the_out_of_box_probe_tells_a_guarded_op_from_a_bug():
+    """Issue 16's remaining failure on the scheduler benchmark: guarded ops whose loss creeps
+    toward their clamp (the most promising-looking sites of all) and a bug that the program's own
+    training brings to the edge, flat until it jumps. No loss-based prediction tells them apart;
+    the out-of-box probe does (the guarded op does not fire even 100x outside its bounds, the
+    bug's does), and the bug is found in a fraction of round-robin's steps, probes included."""
+    def campaign():
+        sites = {f"creep{i}": Fake(100.0, 0.05, floor_at=60.0 + i, outside=False) for i in range(8)}
+        sites |= {f"guard{i}": Fake(50.0 + i, outside=False) for i in range(12)}
+        sites |= {"bug": Fake(80.0, flat_until=300, outside=True)}
+        return dict(sorted(sites.items()))
+
+    rr = _until_found("round-robin", campaign(), {"bug"})
+    blind = _until_found("share", campaign(), {"bug"}, reach={"steps": 0})
+    probed = _until_found("share", campaign(), {"bug"})
+    assert probed * 3 <= rr and probed * 2 <= blind, (probed, blind, rr)
+
+
+def test_reach_probe_is_asked_once_per_growth_of_the_steps_used():
+    p, st = ReachProbe(after=20, steps=16, growth=2.0), ReachStats()
+    assert not p.due(st, 19) and p.ask(st, 19) == 0
+    assert p.ask(st, 25) == 16 and st.next_at == 50     # asked: the next only at twice the steps
+    assert p.ask(st, 30) == 0                           # unanswered (a program that raised): not again yet
+    p.observe(st, None)
+    assert st.outside is None and st.probes == 0
+    assert p.ask(st, 50) == 16
+    p.observe(st, False)
+    assert st.outside is False and st.probes == 1 and p.ask(st, 99) == 0 and p.due(st, 100)
+    p.observe(st, True)                                 # training brought its edge into reach: no more probes
+    assert p.ask(st, 10_000) == 0
+    assert ReachProbe(steps=0).ask(ReachStats(), 10_000) == 0
+    with pytest.raises(ValueError, match="growth"):
+        ReachProbe(growth=1.0)
+
+
+def test_power_schedule_follows_the_probe_verdict_over_the_loss():
+    s = PowerSchedule(floor=0.1, cap=16.0, unreached=0.25, reached=1.0)
+    assert s.weight(1.0, 1000, ref=1.0, outside=False) == pytest.approx(0.025)   # the closest: still a guard
+    assert s.weight(math.inf, 1000, outside=True) == 1.0                         # flat, but it can fire
+    assert s.weight(1.0, 1000, ref=1.0, outside=True) == 16.0                    # a better weight stays
+    assert s.weight(math.inf, 1000, outside=None) == pytest.approx(0.1)          # no verdict: as before
+
+
+def test_a_probe_grant_is_small_and_its_verdict_sets_the_weight():
+    sched = make_scheduler("share", 1000, 20)
+    for name in ("a", "b"):
+        sched.add_site(name)
+    used = Counter()
+    grants = []
+    for _ in range(40):
+        for d in sched.allocate(1):
+            grants.append(d)
+            used[d.site_id] += d.steps
+            losses = [5.0 + 0.01 * (i % 2) for i in range(d.steps)]
+            sched.on_progress(SiteProgress(d.site_id, used[d.site_id], tuple(losses), 5.0, False,
+                                           outside=(d.site_id == "b") if d.reach_steps else None))
+    asked = [d for d in grants if d.reach_steps]
+    assert {d.site_id for d in asked} == {"a", "b"}
+    assert all(d.steps == sched.min_quantum and d.reach_steps == sched.reach.steps for d in asked)
+    assert all(used_before >= sched.reach.after for used_before in
+               [sum(g.steps for g in grants[:i] if g.site_id == d.site_id) for i, d in enumerate(grants) if d.reach_steps])
+    a, b = sched._sites["a"], sched._sites["b"]
+    assert sched.weight(a) == pytest.approx(sched.schedule.floor * sched.schedule.unreached)
+    assert sched.weight(b) >= sched.schedule.reached
+    assert [d.site_id for d in asked].count("b") == 1      # a verdict that it fires is final
+

@@ -79,7 +79,7 @@ def test_a_restored_scheduler_decides_exactly_as_the_uninterrupted_one(policy, d
                 site_id, data.draw(st.sampled_from([used[site_id], used[site_id], math.nan])),
                 tuple(data.draw(st.lists(LOSS, max_size=12))), data.draw(LOSS),
                 data.draw(st.sampled_from([False] * 6 + [True])), data.draw(st.booleans()),
-                data.draw(st.booleans())))
+                data.draw(st.booleans()), data.draw(st.sampled_from([None, None, True, False]))))
         if twin is not None:
             assert twin.done == sched.done
             assert [twin.status_of(s) for s in used] == [sched.status_of(s) for s in used]
@@ -162,6 +162,7 @@ def _script(box: _Box, seed: int, n_sites: int, max_steps: int):
     rng = random.Random(seed)
     used: dict[str, int] = {}
     running: dict[str, int] = {}
+    d_probe: dict[str, int] = {}                              # the probe each running grant asked for
     for i in range(n_sites):
         used[f"s{i}"] = rng.choice([0, 0, 0, 0, max_steps // 2, max_steps])
         box.s.add_site(f"s{i}", steps_used=used[f"s{i}"])
@@ -175,7 +176,7 @@ def _script(box: _Box, seed: int, n_sites: int, max_steps: int):
             yield
         for d in box.s.allocate(rng.randint(0, 3)):
             if not d.action.retires:
-                running[d.site_id] = d.steps
+                running[d.site_id], d_probe[d.site_id] = d.steps, d.reach_steps
         yield
         for site_id in sorted(running):
             if rng.random() < 0.4:
@@ -197,7 +198,8 @@ def _script(box: _Box, seed: int, n_sites: int, max_steps: int):
             best = min((v for v in losses if math.isfinite(v)), default=math.inf)
             box.s.on_progress(SiteProgress(site_id, used[site_id], losses, best,
                                            rng.random() < 0.02 or best == 0.0, rng.random() < 0.05,
-                                           shape == 2 and rng.random() < 0.5))
+                                           shape == 2 and rng.random() < 0.5,
+                                           rng.choice([None, True, False]) if d_probe.pop(site_id, 0) else None))
             yield
 
 

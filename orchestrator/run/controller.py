@@ -419,7 +419,8 @@ class Controller:
         with self._txn():
             while self._resubmit and free:          # quanta a killed driver left in flight, as they were
                 rec = self._resubmit.pop(0)
-                tasks.append(self._task(rec, rec.inflight["action"] == Action.REFRESH.value, rec.inflight["steps"]))
+                tasks.append(self._task(rec, rec.inflight["action"] == Action.REFRESH.value, rec.inflight["steps"],
+                                        rec.inflight.get("reach_steps", 0)))
                 free -= 1
             if not self._resubmit and (free or self._reported):
                 self._reported = False
@@ -432,22 +433,22 @@ class Controller:
                         continue
                     self._dispatches += 1
                     rec.inflight = {"action": decision.action.value, "steps": decision.steps,
-                                    "seq": self._dispatches}
+                                    "seq": self._dispatches, "reach_steps": decision.reach_steps}
                     if rec.status is SiteStatus.PENDING:
                         self.set_status(rec, SiteStatus.SEARCHING)     # writes the record too
                     else:
                         self.store.put_site(rec, self._order[rec.site.id])
-                    tasks.append(self._task(rec, decision.action is Action.REFRESH, decision.steps))
+                    tasks.append(self._task(rec, decision.action is Action.REFRESH, decision.steps, decision.reach_steps))
         for task in tasks:
             self.executor.submit(task)
 
-    def _task(self, rec: SiteRecord, refresh: bool, steps: int) -> Task:
+    def _task(self, rec: SiteRecord, refresh: bool, steps: int, probe: int = 0) -> Task:
         source = CheckpointFile(self.run_dir / rec.checkpoint) if rec.checkpoint else None
         resume = Resume(source, tuple((int(n), bool(r)) for n, r in rec.since), rec.steps)
         due = len(rec.since) + 1 >= CHECKPOINT_QUANTA or rec.seconds - self._checkpointed_s.get(rec.site.id, 0.0) \
             >= CHECKPOINT_S
         return Task(rec.site, self.specs[rec.site.target], self.config, steps, refresh=refresh, resume=resume,
-                    want_checkpoint=due)
+                    want_checkpoint=due, probe_steps=probe)
 
     # -- results ----------------------------------------------------------------------------------
     def _handle(self, task: Task, outcome: QuantumOutcome | BaseException) -> None:
@@ -502,8 +503,12 @@ class Controller:
                 rec.reach = result.reach
             status, reason, failure = _outcome_status(result, out.finding)
             losses = tuple(p.suspect_loss for p in result.trace)
+            if out.outside is not None:
+                log.info("%s: its own op %s outside its bounds (%d probe steps)", rec.site.label,
+                         "fired" if out.outside else "did not fire", out.probe_steps)
             self.scheduler.on_progress(SiteProgress(rec.site.id, result.steps, losses, rec.best_loss,
-                                                    out.finding is not None, log_space=result.log_space))
+                                                    out.finding is not None, log_space=result.log_space,
+                                                    outside=out.outside))
             if not status.final:                      # else _retire's set_status writes the record
                 self.store.put_site(rec, self._order[rec.site.id])
             self._events.append(lambda: self.observers.quantum(rec, result))

@@ -48,9 +48,13 @@ RETIRED_AS = {Action.RETIRE_FOUND: SiteStatus.FOUND, Action.RETIRE_EXHAUSTED: Si
 
 @dataclass(frozen=True)
 class Decision:
+    """``reach_steps``: after the quantum, a site still searching is probed outside its bounds for
+    this many steps (0: not), and its report says whether its own op fired there
+    (``SiteProgress.outside``)."""
     site_id: str
     action: Action
     steps: int = 0
+    reach_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class SiteProgress:
     triggered: bool
     plateau_hint: bool = False
     log_space: bool = False
+    outside: bool | None = None    # the verdict of the out-of-box probe the grant asked for (None: none)
 
 
 class Allocation(NamedTuple):
@@ -148,6 +153,10 @@ class Scheduler(ABC):
     def _on_grant(self, site: SiteBook, action: Action, steps: int) -> None:
         """Hook: ``site`` was just granted (default: nothing)."""
 
+    def _reach_steps(self, site: SiteBook) -> int:
+        """Hook: steps of an out-of-box probe to ask of ``site``'s grant (default: none)."""
+        return 0
+
     def _policy_state(self) -> dict[str, Any]:
         """Hook: the policy's own state beside its sites' records, as JSON data."""
         return {}
@@ -221,7 +230,7 @@ class Scheduler(ABC):
             self._total += steps
             self._log.append(Allocation(site.site_id, steps, self._total))
             self._on_grant(site, action, steps)
-            decisions.append(Decision(site.site_id, action, steps))
+            decisions.append(Decision(site.site_id, action, steps, self._reach_steps(site)))
         if chosen:
             self._rounds += 1
         return decisions

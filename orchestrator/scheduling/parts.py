@@ -104,7 +104,15 @@ class PowerSchedule:
     looks like that; a site that never moved does not), as long as its loss still moves (a guarded
     op's loss that fell to its clamp and sits there, one value step after step, does not: it gets
     ``floor``; the caller says which). One with no prediction yet gets 1
-    (optimism under uncertainty, as a bandit's first pulls); one at the edge gets ``cap``."""
+    (optimism under uncertainty, as a bandit's first pulls); one at the edge gets ``cap``.
+
+    The out-of-box probe (:class:`ReachProbe`) overrides the loss: a site whose own op did not
+    fire even with its inputs free to leave their bounds gets ``floor * unreached``, whatever
+    its loss does (a guarded op: ``x / max(|x|, eps)``, ``sqrt(var + eps)``, ``log(p.clamp(1e-12))``,
+    whose loss may creep toward its clamp for hundreds of steps and look the most promising of
+    all); one whose own op fired there gets at least ``reached`` (it can go non-finite: the
+    weights or the data must bring it into the box, as a bug that the program's own training
+    reaches, whose loss sits flat until it jumps)."""
 
     floor: float = 0.1
     cap: float = 16.0
@@ -112,6 +120,8 @@ class PowerSchedule:
     horizon: float = 4.0
     stalled: float = 1.0
     progress: float = 0.5
+    unreached: float = 0.25
+    reached: float = 1.0
 
     def __post_init__(self) -> None:
         check_fraction("floor", self.floor)
@@ -122,11 +132,21 @@ class PowerSchedule:
         check_positive("horizon", self.horizon)
         check_positive("stalled", self.stalled)
         check_fraction("progress", self.progress)
+        check_fraction("unreached", self.unreached)
+        check_positive("reached", self.reached)
 
-    def weight(self, pred: float, remaining: int, ref: float = math.nan, progressed: bool = False) -> float:
+    def weight(self, pred: float, remaining: int, ref: float = math.nan, progressed: bool = False,
+               outside: bool | None = None) -> float:
         """``pred``: the site's predicted steps to trigger (nan: none yet, inf: not falling);
         ``remaining``: its budget left; ``ref``: the closest live falling site's prediction
-        (nan: none, the site is weighed as if it were the closest); ``progressed``: see the class."""
+        (nan: none, the site is weighed as if it were the closest); ``progressed``: see the class;
+        ``outside``: the out-of-box probe's verdict (None: not probed)."""
+        if outside is False:
+            return self.floor * self.unreached
+        w = self._weight(pred, remaining, ref, progressed)
+        return min(self.cap, max(w, self.reached)) if outside else w
+
+    def _weight(self, pred: float, remaining: int, ref: float, progressed: bool) -> float:
         if math.isnan(pred):
             return 1.0
         if pred <= 0:
@@ -136,6 +156,55 @@ class PowerSchedule:
         rel = min(1.0, ref / pred) ** self.power if math.isfinite(ref) and ref > 0 else 1.0
         feasible = min(1.0, self.horizon * max(remaining, 0) / pred)
         return min(self.cap, max(self.floor, self.cap * rel * feasible))
+
+
+# ---------------------------------------------------------------------------------- reach probe
+
+@dataclass(eq=False)
+class ReachStats:
+    outside: bool | None = None      # the last verdict: its own op fired outside the bounds (None: none yet)
+    next_at: int = 0                 # steps used from which the next probe is due (besides ``after``)
+    probes: int = 0                  # probes asked for and answered
+
+
+@dataclass(frozen=True)
+class ReachProbe:
+    """When to ask whether a site's op can go non-finite at all: once it has used ``after`` steps
+    without a trigger, its grant asks the worker to probe it outside its bounds for ``steps``
+    steps (:func:`orchestrator.worker.reach_verdict`: the site's search goes on, in a box 100
+    times as wide, and is put back; those steps are not the site's budget). A site whose op did
+    not fire is probed again each time its steps used have grown ``growth`` times (the program's
+    training may bring its edge closer); one whose op fired is not probed again. ``steps`` 0
+    turns the probes off. On the scheduler benchmark's 20 guarded sites the probe never fired
+    and on its bug sites it always did (``benchmarks/RESULTS.md``)."""
+
+    after: int = 20
+    steps: int = 16
+    growth: float = 2.0
+
+    def __post_init__(self) -> None:
+        check_int("after", self.after, 1)
+        check_int("steps", self.steps, 0)
+        if isinstance(self.growth, bool) or not number(self.growth) > 1 or not math.isfinite(number(self.growth)):
+            raise ValueError(f"growth must be a finite number > 1, got {self.growth!r}")
+
+    def due(self, st: ReachStats, used: int) -> bool:
+        """A grant to a site with ``used`` steps would ask for a probe."""
+        return self.steps > 0 and st.outside is not True and used >= max(self.after, st.next_at)
+
+    def ask(self, st: ReachStats, used: int) -> int:
+        """Steps of the probe a grant to a site with ``used`` steps asks for (0: none); once asked,
+        the next is due only when the steps used have grown ``growth`` times (answered or not: a
+        program that raises outside its bounds gives no verdict, and is not asked at every grant)."""
+        if not self.due(st, used):
+            return 0
+        st.next_at = max(self.after, int(math.ceil(used * self.growth)))
+        return self.steps
+
+    def observe(self, st: ReachStats, outside: Any) -> None:
+        """A report; ``outside`` its probe's verdict (None: it carried none)."""
+        if outside is not None:
+            st.outside, st.probes = flag(outside), st.probes + 1
 
 
 # ---------------------------------------------------------------------------------- refresh

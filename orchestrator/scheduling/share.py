@@ -7,8 +7,9 @@ has a virtual time ``due``; the idle site due first is served, and a grant of ``
 at weight ``w`` moves its ``due`` on by ``k / w``. Over any stretch, the steps each site
 gets are in proportion to its weight, whatever the quanta; nothing is random and nothing
 depends on the clock. The weight comes from composed parts (see ``parts.py``): a
-predictor of steps to trigger, a power schedule, a plateau refresh policy, a patience
-rule that retires a site that stopped improving, and a starvation guard.
+predictor of steps to trigger, a power schedule, an out-of-box probe that tells a guarded
+op from one that can fire, a plateau refresh policy, a patience rule that retires a site
+that stopped improving, and a starvation guard.
 
 Unlike loss-slope's strict priority between tiers, a site that looks worse than another
 only gets a smaller share, never none: a bug that looks flat among decoys that look close
@@ -26,8 +27,8 @@ from orchestrator.scheduling.codec import decode_float, encode_float
 from orchestrator.scheduling.core import Action, Scheduler, SiteBook, SiteProgress
 from orchestrator.scheduling.numeric import check_int, flag, progressed
 from orchestrator.scheduling.parts import (
-    CurvePredictor, CurveStats, Patience, PlateauRefresh, PowerSchedule, RefreshStats, StarvationGuard,
-    part_options,
+    CurvePredictor, CurveStats, Patience, PlateauRefresh, PowerSchedule, ReachProbe, ReachStats, RefreshStats,
+    StarvationGuard, part_options,
 )
 
 DEFAULT_PROBE_QUANTA = 4   # the first pass over never-served sites costs about this many quanta
@@ -38,6 +39,7 @@ DEFAULT_MAX_FACTOR = 4     # the largest grant, in quanta (a heavier site is ser
 class ShareSite(SiteBook):
     curve: CurveStats = field(default_factory=CurveStats)
     refresh: RefreshStats = field(default_factory=RefreshStats)
+    reach: ReachStats = field(default_factory=ReachStats)
     due: float = 0.0                 # virtual time of its next turn in the share lane
     turn: int = -1                   # its last turn in the reserve lane (-1: none yet)
     lane: str = ""                   # the lane of its last grant
@@ -74,14 +76,15 @@ class ShareScheduler(Scheduler):
     def __init__(self, max_steps: int, quantum: int, *, predictor: CurvePredictor | dict | None = None,
                  schedule: PowerSchedule | dict | None = None, refresh: PlateauRefresh | dict | None = None,
                  patience: Patience | dict | None = None, guard: StarvationGuard | dict | None = None,
-                 min_quantum: int | None = None, max_quantum: int | None = None,
-                 probe_quanta: int = DEFAULT_PROBE_QUANTA) -> None:
+                 reach: ReachProbe | dict | None = None, min_quantum: int | None = None,
+                 max_quantum: int | None = None, probe_quanta: int = DEFAULT_PROBE_QUANTA) -> None:
         super().__init__(max_steps, quantum)
         self.predictor = _part(CurvePredictor, predictor)
         self.schedule = _part(PowerSchedule, schedule)
         self.refresh = _part(PlateauRefresh, refresh)
         self.patience = _part(Patience, patience)
         self.guard = _part(StarvationGuard, guard)
+        self.reach = _part(ReachProbe, reach)
         self.min_quantum = check_int("min_quantum", max(1, self.quantum // 4) if min_quantum is None
                                      else min_quantum, 1)
         self.max_quantum = check_int("max_quantum", DEFAULT_MAX_FACTOR * self.quantum if max_quantum is None
@@ -105,7 +108,7 @@ class ShareScheduler(Scheduler):
     def options(self) -> dict[str, Any]:
         return {"predictor": part_options(self.predictor), "schedule": part_options(self.schedule),
                 "refresh": part_options(self.refresh), "patience": part_options(self.patience),
-                "guard": part_options(self.guard), "min_quantum": self.min_quantum,
+                "guard": part_options(self.guard), "reach": part_options(self.reach), "min_quantum": self.min_quantum,
                 "max_quantum": self.max_quantum, "probe_quanta": self.probe_quanta}
 
     def _policy_state(self) -> dict[str, Any]:
@@ -128,6 +131,7 @@ class ShareScheduler(Scheduler):
     # -- reading reports ----------------------------------------------------------------------
     def _observe(self, site: ShareSite, progress: SiteProgress) -> Action | None:
         curve, refresh = site.curve, site.refresh
+        self.reach.observe(site.reach, progress.outside)
         gained = self.predictor.observe(curve, progress.losses, progress.best_loss, progress.log_space, site.used)
         plateau = flag(progress.plateau_hint) or self.predictor.flat(curve)
         plateau = plateau and self.refresh.ripe(site.used, curve.gained, self.predictor.window)
@@ -174,7 +178,12 @@ class ShareScheduler(Scheduler):
         """The site's share weight now, in [floor, cap]."""
         curve = site.curve
         stalled = progressed(curve.first, curve.best, self.schedule.progress) and curve.moving
-        return self.schedule.weight(curve.pred, self._remaining(site), self.reference(), stalled)
+        return self.schedule.weight(curve.pred, self._remaining(site), self.reference(), stalled, site.reach.outside)
+
+    def _reach_steps(self, site: ShareSite) -> int:
+        """A probe with a grant that leaves budget (one that spends it all ends the search: an
+        exhausted site is probed as it ends anyway)."""
+        return self.reach.ask(site.reach, site.used) if self._remaining(site) > 0 else 0
 
     def _on_idle(self, site: ShareSite) -> None:
         v = self._version[site.site_id] = self._version.get(site.site_id, 0) + 1
@@ -210,6 +219,8 @@ class ShareScheduler(Scheduler):
                 size = probe
             elif lane == "reserve":
                 size = self.min_quantum
+            elif self.reach.due(s.reach, s.used):
+                size = self.min_quantum            # a probe is due with this grant: its verdict soon
             else:
                 size = min(self.max_quantum, max(self.min_quantum, int(round(self.quantum * s.weight))))
             if lane != "probe":
