@@ -240,3 +240,22 @@ def test_the_suite_campaign_file_is_the_registries_and_loads():
     assert len(names) == len(set(names)) == len(suite_campaign.targets())
     entries = {b.entry for s in suite_run.load_subjects(["torch", "tensorflow"])[0] if s.runnable for b in s.bugs}
     assert {t.entry for t in loaded.targets} == entries
+
+
+def test_probe_verdicts_on_real_programs_and_their_report():
+    """benchmarks/grist_suite/reach.py on ID_63 (an RBM: its first free energy's exp can overflow
+    once the inputs leave [0, 1]; the second's input is a binary sample the inputs cannot move, and
+    the log of log(1 + exp) only follows the exp): what a share campaign would learn of each site."""
+    from benchmarks.grist_suite import reach
+
+    subject = next(s for s in _registry("torch") if s.id == 63)
+    (group,) = suite_run.groups(subject)
+    out = reach.probe_group("torch", 63, group, after=20, steps=16, seed=0)
+    assert out["error"] is None
+    verdict = {(s["op"], s["occurrence"]): s.get("outside") for s in out["sites"]}
+    assert verdict[("exp", 0)] is True and verdict[("exp", 1)] is False
+    assert verdict[("log", 0)] is False and verdict[("log", 1)] is False
+    text = reach.report([subject], {suite_run.subject_key(subject): {"groups": [out]}}, 20, 16, 1000)
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert rows["fires outside"].split("|")[2].strip() == "1"          # the bug's exp, at GRIST's line
+    assert "ID_63 exp#1" in text                                       # a bug-line exp called guarded, listed

@@ -301,28 +301,36 @@ def cache_path(task: dict[str, Any]) -> Path:
                                 f"{task['code_version']}.json")
 
 
-def run_task(task: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One child process; its result, or a record of how it failed."""
-    out_file = ROOT / task["cache"] / "tmp" / f"{task['key']}-{task['strategy']}-{os.getpid()}-{time.time_ns()}.json"
+def in_child(script: Path, task: dict[str, Any], out_file: Path, timeout: float) -> tuple[dict | None, str, str]:
+    """Run ``script --worker TASK --worker-out OUT_FILE`` in a fresh process (one thread per library,
+    TF quiet): (its JSON result, "", "") or (None, how it failed, its stderr)."""
     out_file.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
                TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
-    task = dict(task, t_launch=time.time())
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(task), "--worker-out", str(out_file)]
+    cmd = [sys.executable, str(script), "--worker", json.dumps(task), "--worker-out", str(out_file)]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return dict(task, crash=f"timed out after {timeout:.0f} s", groups=[])
+        return None, f"timed out after {timeout:.0f} s", ""
     if proc.returncode != 0 or not out_file.exists():
         err = (proc.stderr or "").strip()
-        log = ROOT / task["cache"] / "crashes" / f"{task['key']}-{task['strategy']}-{task['max_steps']}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(f"{' '.join(cmd[:2])} --worker '<task>'\n{err}\n")
-        last = err.splitlines()[-1] if err else "no output"
-        return dict(task, crash=f"exit {proc.returncode}: {last} (log: {_rel(log)})", groups=[])
+        return None, f"exit {proc.returncode}: {err.splitlines()[-1] if err else 'no output'}", err
     result = json.loads(out_file.read_text())
     out_file.unlink()
-    return result
+    return result, "", ""
+
+
+def run_task(task: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One child process; its result, or a record of how it failed."""
+    out_file = ROOT / task["cache"] / "tmp" / f"{task['key']}-{task['strategy']}-{os.getpid()}-{time.time_ns()}.json"
+    task = dict(task, t_launch=time.time())
+    result, failure, err = in_child(Path(__file__).resolve(), task, out_file, timeout)
+    if result is None and err:
+        log = ROOT / task["cache"] / "crashes" / f"{task['key']}-{task['strategy']}-{task['max_steps']}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"{sys.executable} {Path(__file__).resolve()} --worker '<task>'\n{err}\n")
+        failure += f" (log: {_rel(log)})"
+    return result if result is not None else dict(task, crash=failure, groups=[])
 
 
 def newest_cached(task: dict[str, Any]) -> Path | None:
