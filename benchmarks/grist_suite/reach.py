@@ -4,7 +4,7 @@ guarded ones on programs nobody here wrote for the purpose? (issue 16)
 The ``share`` scheduler asks a site that has used ``ReachProbe.after`` steps without a trigger
 for an out-of-box probe (:func:`orchestrator.worker.reach_verdict`: ``ReachProbe.steps`` more
 steps of ``adaptive`` with the inputs free to leave their bounds, 100x as wide) and weighs a site
-whose own op did not fire there as a guarded op (the floor's quarter). This script does what a
+whose own op did not fire there as a guarded op (the floor, whatever its loss promises). This script does what a
 campaign does for every searched site of every runnable program of the suite: ``adaptive`` for
 ``after`` steps, then, if the site is still searching, the probe; and reports the verdicts at
 GRIST's bug sites (the bug's op on a line marked ``# GRIST bug <id>``; not the gradient sites of
@@ -99,8 +99,14 @@ def worker(task: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- driver
-def run_task(task: dict[str, Any], rerun: bool) -> dict[str, Any]:
+def run_task(task: dict[str, Any], rerun: bool, report_only: bool = False) -> dict[str, Any]:
+    """One subject's verdicts: cached, or from a child process. ``report_only``: the newest cached
+    result of the subject (any code version), or a crash record saying there is none."""
     path = REACH_CACHE / f"{task['key']}-{task['after']}-{task['steps']}-s{task['seed']}-{task['version']}.json"
+    if report_only:
+        found = sorted(REACH_CACHE.glob(f"{task['key']}-{task['after']}-{task['steps']}-s{task['seed']}-*.json"),
+                       key=lambda p: p.stat().st_mtime)
+        return json.loads(found[-1].read_text()) if found else dict(task, crash="no cached result", groups=[])
     if path.exists() and not rerun:
         return json.loads(path.read_text())
     out_file = REACH_CACHE / "tmp" / f"{task['key']}-{os.getpid()}-{time.time_ns()}.json"
@@ -163,8 +169,8 @@ def report(subjects, results: dict[str, dict], after: int, steps: int, max_steps
             table(["verdict", "GRIST's bug sites", "other sites"], rows), ""]
     if slowed:
         found = [x for x in slowed if x[2]]
-        text.append(f"Bug sites the probe calls guarded (the scheduler gives them the floor's quarter until their "
-                    f"steps double and a new probe says otherwise): {len(slowed)}; the suite's own adaptive search "
+        text.append(f"Bug sites the probe calls guarded (the scheduler weighs them as flat sites, the floor, until "
+                    f"their steps double and a new probe says otherwise): {len(slowed)}; the suite's own adaptive search "
                     f"(`run.py`, {max_steps} steps) finds {len(found)} of them: "
                     + ", ".join(f"{b} {op}" + (" (found by the suite)" if f else "") for b, op, f in sorted(slowed))
                     + ".\n")
@@ -186,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rerun", action="store_true")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: report the newest cached result of each subject, any code version")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -200,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict] = {}
     t0 = time.time()
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        for task, res in zip(tasks, pool.map(lambda t: run_task(t, args.rerun), tasks)):
+        for task, res in zip(tasks, pool.map(lambda t: run_task(t, args.rerun, args.report_only), tasks)):
             results[task["key"]] = res
             print(f"{task['key']}: {sum(len(g['sites']) for g in res.get('groups', []))} sites"
                   + (f", {res['crash']}" if "crash" in res else ""), flush=True)
