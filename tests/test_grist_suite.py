@@ -259,3 +259,20 @@ def test_probe_verdicts_on_real_programs_and_their_report():
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     assert rows["fires outside"].split("|")[2].strip() == "1"          # the bug's exp, at GRIST's line
     assert "ID_63 exp#1" in text                                       # a bug-line exp called guarded, listed
+
+
+def test_scheduler_figure_charges_a_miss_its_campaigns_end_and_unspent_budget():
+    """benchmarks/grist_suite/scheduler.py: steps until every bug any policy found; a policy that
+    missed one is charged its campaign's end plus that bug's unspent budget (as the scheduler
+    benchmark does), and the report puts round-robin's steps over each policy's."""
+    from benchmarks.grist_suite import scheduler
+
+    rr = {"found_at": {"ID_4": 10, "ID_5": 900}, "unspent": {}, "bugs": ["ID_4", "ID_5"], "total": 950,
+          "probe_steps": 0, "sites": 3, "programs": 2}
+    share = {"found_at": {"ID_4": 12}, "unspent": {"ID_5": 100}, "bugs": ["ID_4", "ID_5"], "total": 400,
+             "probe_steps": 32, "sites": 3, "programs": 2}
+    assert scheduler.until(rr, {"ID_4", "ID_5"}) == 900
+    assert scheduler.until(share, {"ID_4", "ID_5"}) == 500
+    text = scheduler.report({0: {"round-robin": rr, "share": share}}, 300)
+    assert "| 0 | 2 | 2, 900 | 1, 500, **1.80x** (32 probe) |" in text
+    assert "round-robin 900, share 500" in text
