@@ -115,6 +115,9 @@ def test_patience_gives_up_on_stale_sites_only():
     assert p.gives_up(stale=True, used=600, gained=100, max_steps=1000)
     assert not p.gives_up(stale=True, used=599, gained=100, max_steps=1000)
     assert not p.gives_up(stale=False, used=1000, gained=0, max_steps=1000)
+    # a site whose op fired outside its bounds waits for the training that brings it in: never given up
+    assert not p.gives_up(stale=True, used=600, gained=100, max_steps=1000, outside=True)
+    assert p.gives_up(stale=True, used=600, gained=100, max_steps=1000, outside=False)
 
 
 def test_starvation_guard_keeps_its_reserve_of_the_steps_and_bounds_the_waits():

@@ -279,7 +279,8 @@ class Patience:
     scheduler benchmark a fifth of the budget saved steps (raw units, adaptive: 1.58x round-robin's
     instead of 1.11x) but retired bugs that round-robin finds (standardised, adaptive: 192 of 200
     found instead of 199; grist 174 instead of 182): a finder that gives up on bugs early is not
-    believed, so the default stays half."""
+    believed, so the default stays half. A site whose op fired outside its bounds is never retired
+    (see :meth:`gives_up`)."""
 
     after: int | None = None
 
@@ -290,8 +291,12 @@ class Patience:
     def steps(self, max_steps: int) -> int:
         return max(1, max_steps // 2) if self.after is None else self.after
 
-    def gives_up(self, stale: bool, used: int, gained: int, max_steps: int) -> bool:
-        return stale and used - gained >= self.steps(max_steps)
+    def gives_up(self, stale: bool, used: int, gained: int, max_steps: int, outside: bool | None = None) -> bool:
+        """``outside``: the out-of-box probe's verdict. A site whose own op fired there is never given
+        up: it can go non-finite, and what it waits for is the program's own training (GRIST's ID_63
+        RBM: its exp site sat at one loss for 150 steps and was retired 10 steps before its budget
+        ran out); the budget is its bound."""
+        return outside is not True and stale and used - gained >= self.steps(max_steps)
 
 
 # ---------------------------------------------------------------------------------- starvation

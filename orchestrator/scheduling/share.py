@@ -138,7 +138,7 @@ class ShareScheduler(Scheduler):
         helped = refresh.best_at_refresh is not None and self.predictor.helped(curve, refresh.best_at_refresh)
         self.refresh.observe(refresh, plateau, gained, helped)
         self._push_pred(site)
-        if self.patience.gives_up(refresh.stale, site.used, curve.gained, self.max_steps):
+        if self.patience.gives_up(refresh.stale, site.used, curve.gained, self.max_steps, site.reach.outside):
             return Action.RETIRE_NO_PROGRESS
         return None
 
