@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: report the newest cached result of each subject, any code version")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--note", default="", help="a paragraph added to the section (how it was run, what else was seen)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -213,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{task['key']}: {sum(len(g['sites']) for g in res.get('groups', []))} sites"
                   + (f", {res['crash']}" if "crash" in res else ""), flush=True)
     print(f"done in {time.time() - t0:.0f} s")
-    body = report(subjects, results, args.after, args.steps, args.max_steps)
+    body = "## The out-of-box probe on GRIST's programs (issue 16)\n\n" + report(
+        subjects, results, args.after, args.steps, args.max_steps) + (f"\n{args.note.strip()}\n" if args.note else "")
     print(body)
     if not args.no_write:
         from benchmarks._results import write_section
