@@ -14,8 +14,9 @@ class CountingExecutor:
     for them; they are not a site's budget) count in ``total`` too (and alone in ``probe_steps``):
     they cost what steps cost."""
 
-    def __init__(self, inner) -> None:
+    def __init__(self, inner, on_outcome=None) -> None:
         self.inner, self.slots = inner, inner.slots
+        self.on_outcome = on_outcome     # called with (task, outcome) once each is counted
         self.total, self.found_at, self.steps, self.probe_steps = 0, {}, {}, 0
         self.own = {}       # site -> its finding came from the site's own op (else another op went first)
         self.quanta = self.checkpoints = self.checkpoint_bytes = 0
@@ -30,7 +31,7 @@ class CountingExecutor:
 
     def wait(self, timeout):
         done = self.inner.wait(timeout)
-        for _, outcome in done:
+        for task, outcome in done:
             result = getattr(outcome, "result", None)
             if result is not None:
                 self.quanta += 1
@@ -46,6 +47,8 @@ class CountingExecutor:
                 if finding is not None:
                     self.found_at[outcome.site_id] = self.total
                     self.own[outcome.site_id] = finding.site_triggered
+            if self.on_outcome is not None:
+                self.on_outcome(task, outcome)
         return done
 
     def shutdown(self):

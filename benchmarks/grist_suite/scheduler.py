@@ -66,7 +66,17 @@ def one_run(policy: str, seed: int, max_steps: int, cache, options: dict | None 
     tmap, bugs = targets()
     camp = campaign(tmap, "adaptive", policy, max_steps, QUANTUM, 0, seed)
     specs = target_specs(camp)
-    ex = CountingExecutor(ReplayingExecutor(cache))
+    found_at: dict[str, int] = {}
+    findings: dict[str, Any] = {}
+
+    def note(task, out) -> None:                   # each finding as it comes back: is it a GRIST bug?
+        if getattr(out, "finding", None) is not None:
+            findings[task.site.id] = out.finding
+            for b in bugs.get(task.site.target, []):
+                if b.id not in found_at and _finding_at(b, task.site, out.finding):
+                    found_at[b.id] = ex.total       # counted before it is called
+
+    ex = CountingExecutor(ReplayingExecutor(cache), on_outcome=note)
     sites = []
     for name, found in ex.discover(list(specs.values())).items():
         if isinstance(found, BaseException):
@@ -75,35 +85,6 @@ def one_run(policy: str, seed: int, max_steps: int, cache, options: dict | None 
     by_target: dict[str, list] = {}
     for s in sites:
         by_target.setdefault(s.target, []).append(s)
-    found_at: dict[str, int] = {}
-    findings: dict[str, Any] = {}
-
-    class Watch:                                   # notes each finding as it comes back
-        def __init__(self, inner):
-            self.inner, self.slots = inner, inner.slots
-
-        running = property(lambda self: self.inner.running)
-
-        def discover(self, specs):
-            return self.inner.discover(specs)
-
-        def submit(self, task):
-            self.inner.submit(task)
-
-        def wait(self, timeout):
-            done = self.inner.wait(timeout)
-            for task, out in done:
-                if getattr(out, "finding", None) is not None:
-                    findings[task.site.id] = out.finding
-                    for b in bugs.get(task.site.target, []):
-                        if b.id not in found_at and _finding_at(b, task.site, out.finding):
-                            found_at[b.id] = ex.total
-            return done
-
-        def shutdown(self):
-            self.inner.shutdown()
-
-    watched = Watch(ex)
     scheduler = make_scheduler(policy, max_steps, QUANTUM, **(options or {}))
     all_bugs = {b.id for bs in bugs.values() for b in bs}
 
@@ -112,7 +93,7 @@ def one_run(policy: str, seed: int, max_steps: int, cache, options: dict | None 
                    for t, bs in bugs.items() for b in (x.id for x in bs))
 
     t0 = time.perf_counter()
-    one_slot_campaign(scheduler, watched, sites, specs, SearchConfig("adaptive", max_steps, seed), settled)
+    one_slot_campaign(scheduler, ex, sites, specs, SearchConfig("adaptive", max_steps, seed), settled)
     unspent = {}
     for t, bs in bugs.items():
         left = sum(max_steps - ex.steps.get(s.id, 0) for s in by_target[t] if s.id not in findings)
