@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", help="keep each seed's search cache here between invocations (tuning)")
     ap.add_argument("--options", default="{}", help="JSON: policy -> its options (tuning runs only)")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--note", default="", help="a paragraph added to the section (what the figures mean)")
     args = ap.parse_args(argv)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                                                for p, r in runs[seed].items()), flush=True)
             if args.save:
                 Path(args.save).write_text(json.dumps(runs))
-    body = report(runs, args.max_steps)
+    body = report(runs, args.max_steps) + (f"\n{args.note.strip()}\n" if args.note else "")
     print(body)
     if not args.no_write:
         from benchmarks._results import write_section
