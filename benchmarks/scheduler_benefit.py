@@ -357,7 +357,8 @@ def _intro(quantum: int, seeds: list[int], policies, cache: bool, real: int, ser
             f"then sit at the clamp (1e-6, 1e-45): decoys no loss-based policy can tell from a bug early. The "
             f"out-of-box probe can: no guarded site's own op fires with its inputs 100x outside their bounds "
             f"(the exp of `div_sum_exp` lets its division fire, the log of `rbm_free_energy` its exp: another "
-            f"op's trigger, not the site's), and every bug site's does.\n")
+            f"op's trigger, not the site's), and a bug site's mostly does (not always at a grist search's first "
+            f"probe).\n")
 
 
 def _span(seeds) -> str:

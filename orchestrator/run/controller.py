@@ -442,13 +442,13 @@ class Controller:
         for task in tasks:
             self.executor.submit(task)
 
-    def _task(self, rec: SiteRecord, refresh: bool, steps: int, probe: int = 0) -> Task:
+    def _task(self, rec: SiteRecord, refresh: bool, steps: int, reach_steps: int = 0) -> Task:
         source = CheckpointFile(self.run_dir / rec.checkpoint) if rec.checkpoint else None
         resume = Resume(source, tuple((int(n), bool(r)) for n, r in rec.since), rec.steps)
         due = len(rec.since) + 1 >= CHECKPOINT_QUANTA or rec.seconds - self._checkpointed_s.get(rec.site.id, 0.0) \
             >= CHECKPOINT_S
         return Task(rec.site, self.specs[rec.site.target], self.config, steps, refresh=refresh, resume=resume,
-                    want_checkpoint=due, probe_steps=probe)
+                    want_checkpoint=due, probe_steps=reach_steps)
 
     # -- results ----------------------------------------------------------------------------------
     def _handle(self, task: Task, outcome: QuantumOutcome | BaseException) -> None:

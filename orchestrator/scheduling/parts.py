@@ -181,8 +181,8 @@ class ReachProbe:
     times as wide, and is put back; those steps are not the site's budget). A site whose op did
     not fire is probed again each time its steps used have grown ``growth`` times (the program's
     training may bring its edge closer); one whose op fired is not probed again. ``steps`` 0
-    turns the probes off. On the scheduler benchmark's 20 guarded sites the probe never fired
-    and on its bug sites it always did (``benchmarks/RESULTS.md``)."""
+    turns the probes off. On the scheduler benchmark none of 2,842 probes of its guarded sites
+    fired, and 205 of 259 probes of its bug sites did (``benchmarks/RESULTS.md``)."""
 
     after: int = 20
     steps: int = 16
