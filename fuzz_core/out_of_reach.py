@@ -67,7 +67,7 @@ def probe(search: "SiteSearch", steps: int = STEPS) -> dict[str, Any]:
         record["probe_best_loss"] = _finite(min([p.suspect_loss for p in search._trace] + [math.inf]))
         cand = search.candidate
         if cand is not None:
-            record.update(triggered=True, phase=cand.phase,
+            record.update(triggered=True, phase=cand.phase, own=bool(cand.own),
                           first_op=cand.first_op.to_dict() if cand.first_op is not None else None,
                           **_outside(cand.values, original))
     except Exception as exc:  # noqa: BLE001 - a program that raises outside its range says so

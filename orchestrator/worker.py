@@ -321,12 +321,14 @@ def reach_verdict(search, steps: int) -> tuple[bool | None, int]:
     search put back as it stood), judged on the op that fired first. A trigger of another op
     (a guarded ``log(1 + exp(x))`` whose ``exp`` overflows first) is not this site's: its op is
     guarded. Returns (the verdict, the probe's steps); (None, its steps) when the program raised
-    outside its bounds (no verdict)."""
+    outside its bounds (no verdict). The site's own hazard counts even when another op fired first in
+    the same step: ``exp(z) / exp(z).sum()`` overflows its two ``exp`` at once, and the first one named
+    is not a guard of the second."""
     record = probe(search, steps)
     if record.get("error"):
         return None, int(record["probe_steps"])
     site = search.site
-    own = bool(record["triggered"]) and same_op(record.get("first_op"), {
-        "op": site.op, "location": site.location, "occurrence": site.occurrence})
+    own = bool(record["triggered"]) and (bool(record.get("own")) or same_op(record.get("first_op"), {
+        "op": site.op, "location": site.location, "occurrence": site.occurrence}))
     return own, int(record["probe_steps"])
 

@@ -28,6 +28,9 @@ def _spec(name: str, **args) -> TargetSpec:
     ("rbm_free_energy", "log", 0, False),       # log(1 + exp(x)): its exp overflows first, never the log
     ("gan_log_d", "log", 1, True),              # log(D(G(z))): a sigmoid that saturates
     ("rbm_free_energy", "exp", 0, True),        # exp(x) overflows
+    # exp(z) / exp(z).sum(): both exps of the line overflow in one step and the first is named first;
+    # the second's own hazard fired all the same (it was judged "did not fire", and starved)
+    ("exp_overflow_softmax", "exp", 1, True),
 ])
 def test_the_probe_tells_guarded_ops_from_ops_that_can_fire(name, op, n, fires):
     worker, spec = Worker(WorkerOptions()), _spec(name)
