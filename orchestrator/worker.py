@@ -321,14 +321,29 @@ def reach_verdict(search, steps: int) -> tuple[bool | None, int]:
     search put back as it stood), judged on the op that fired first. A trigger of another op
     (a guarded ``log(1 + exp(x))`` whose ``exp`` overflows first) is not this site's: its op is
     guarded. Returns (the verdict, the probe's steps); (None, its steps) when the program raised
-    outside its bounds (no verdict). The site's own hazard counts even when another op fired first in
-    the same step: ``exp(z) / exp(z).sum()`` overflows its two ``exp`` at once, and the first one named
-    is not a guard of the second."""
+    outside its bounds (no verdict).
+
+    Two cases count as fired besides the site's own op named first. The site's own hazard firing in a
+    step where another op is named first: ``exp(z) / exp(z).sum()`` overflows its two ``exp`` at once,
+    and the first one named is not a guard of the second. And, for a backward row (``log_grad``,
+    ``sqrt_grad``: the gradient of a call whose input nears the edge), the same call's forward hazard:
+    its input went past the gradient's region on its way to the forward edge (``log(p)`` of a softmax
+    reached ``p = 0``, so it passed the subnormal ``p`` whose gradient overflows), and the probe's wide
+    box just got there in one stride."""
     record = probe(search, steps)
     if record.get("error"):
         return None, int(record["probe_steps"])
-    site = search.site
-    own = bool(record["triggered"]) and (bool(record.get("own")) or same_op(record.get("first_op"), {
-        "op": site.op, "location": site.location, "occurrence": site.occurrence}))
+    site, first = search.site, record.get("first_op")
+    own = bool(record["triggered"]) and (
+        bool(record.get("own"))
+        or same_op(first, {"op": site.op, "location": site.location, "occurrence": site.occurrence})
+        or (record.get("phase") == "forward" and _same_call(first, site)))
     return own, int(record["probe_steps"])
+
+
+def _same_call(first: dict | None, site) -> bool:
+    """``first`` (a first op's dict) is the call ``site`` watches: the same framework op at the same
+    place (a backward row's site and the forward row's share it)."""
+    return first is not None and (first.get("kind"), str(first.get("location", "")), int(first.get("occurrence", 0))) == (
+        site.kind, site.location, site.occurrence)
 

@@ -31,6 +31,10 @@ def _spec(name: str, **args) -> TargetSpec:
     # exp(z) / exp(z).sum(): both exps of the line overflow in one step and the first is named first;
     # the second's own hazard fired all the same (it was judged "did not fire", and starved)
     ("exp_overflow_softmax", "exp", 1, True),
+    # a backward row: log(softmax) reaches p = 0 in the probe's wide box in one stride, so the same
+    # call's forward hazard fires first; its input passed the subnormal p whose gradient overflows
+    ("softmax_xent_mlp", "log_grad", 0, True),
+    ("softmax_xent_clamped", "log_grad", 0, False),   # the gradient of log(p.clamp_min(1e-12)) stays finite
 ])
 def test_the_probe_tells_guarded_ops_from_ops_that_can_fire(name, op, n, fires):
     worker, spec = Worker(WorkerOptions()), _spec(name)
