@@ -280,11 +280,13 @@ class ReplayingExecutor:
 
 
 def fingerprint(root: Path) -> str:
-    """A hash of the code a search depends on (the engine and the benchmark's targets): a saved
-    cache is used only while it is unchanged."""
+    """A hash of the code a search depends on (the engine, the worker that judges the out-of-box
+    probe's verdicts, which the cache replays, and the benchmark's targets): a saved cache is used
+    only while it is unchanged."""
     h = hashlib.sha256()
-    for folder in ("fuzz_core", "benchmarks/targets", "campaigns/targets"):
-        for path in sorted((root / folder).rglob("*.py")):
-            h.update(path.relative_to(root).as_posix().encode())
-            h.update(path.read_bytes())
+    paths = [p for folder in ("fuzz_core", "benchmarks/targets", "campaigns/targets")
+             for p in sorted((root / folder).rglob("*.py"))] + [root / "orchestrator" / "worker.py"]
+    for path in paths:
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
     return h.hexdigest()[:16]
