@@ -112,9 +112,9 @@ class PowerSchedule:
     sits flat until it jumps). One whose op did not fire gets ``floor * unreached`` whatever its loss
     does: a guarded op (``x / max(|x|, eps)``, ``sqrt(var + eps)``, ``log(p.clamp(1e-12))``) whose loss
     creeps toward its clamp for hundreds of steps looks the most promising of all. The two verdicts
-    are not worth the same: on GRIST's programs (``benchmarks/grist_suite/reach.py``) 35 of the 36
-    sites whose op fired outside were GRIST's bugs, but 26 of the 61 bug sites not found within 20
-    steps did not fire in the probe's 16 steps either (softmax outputs that only training drives to
+    are not worth the same: on GRIST's programs (``benchmarks/grist_suite/reach.py``) 40 of the 42
+    sites whose op fired outside watch a call of GRIST's bugs, but 26 of the 61 bug sites not found
+    within 20 steps did not fire in the probe's 16 steps either (softmax outputs that only training drives to
     0). So "did not fire" only takes away what the loss promised (``unreached`` 1: the floor, as a
     flat site), never less; 0.25 saved a little more on the scheduler benchmark and nothing on
     GRIST's PyTorch programs, and would starve those 26 bugs four times as much."""
@@ -182,7 +182,9 @@ class ReachProbe:
     not fire is probed again each time its steps used have grown ``growth`` times (the program's
     training may bring its edge closer); one whose op fired is not probed again. ``steps`` 0
     turns the probes off. On the scheduler benchmark none of 2,842 probes of its guarded sites
-    fired, and 205 of 259 probes of its bug sites did (``benchmarks/RESULTS.md``)."""
+    fired, and 205 of 259 probes of its bug sites did, before the verdict counted a site's own
+    hazard named second in its step (the second ``exp`` of ``exp(z) / exp(z).sum()``, a bug site,
+    never fired until then; ``benchmarks/RESULTS.md``)."""
 
     after: int = 20
     steps: int = 16
