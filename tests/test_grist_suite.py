@@ -266,13 +266,14 @@ def test_scheduler_figure_charges_a_miss_its_campaigns_end_and_unspent_budget():
     missed one is charged its campaign's end plus that bug's unspent budget (as the scheduler
     benchmark does), and the report puts round-robin's steps over each policy's."""
     from benchmarks.grist_suite import scheduler
+    from benchmarks.scheduler_benefit import steps_until_found
 
     rr = {"found_at": {"ID_4": 10, "ID_5": 900}, "unspent": {}, "bugs": ["ID_4", "ID_5"], "total": 950,
           "probe_steps": 0, "sites": 3, "programs": 2}
     share = {"found_at": {"ID_4": 12}, "unspent": {"ID_5": 100}, "bugs": ["ID_4", "ID_5"], "total": 400,
              "probe_steps": 32, "sites": 3, "programs": 2}
-    assert scheduler.until(rr, {"ID_4", "ID_5"}) == 900
-    assert scheduler.until(share, {"ID_4", "ID_5"}) == 500
+    assert steps_until_found(rr, {"ID_4", "ID_5"}) == 900
+    assert steps_until_found(share, {"ID_4", "ID_5"}) == 500
     text = scheduler.report({0: {"round-robin": rr, "share": share}}, 300)
     assert "| 0 | 2 | 2, 900 | 1, 500, **1.80x** (32 probe) |" in text
     assert "round-robin 900, share 500" in text

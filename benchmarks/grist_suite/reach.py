@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.grist_suite.run import (  # noqa: E402
-    CACHE, REGISTRIES, at_bug, code_version, groups, in_child, load_subjects, newest_cached, pick, subject_key,
+    CACHE, REGISTRIES, at_bug, code_version, groups, in_child, load_subjects, newest, newest_cached, pick, subject_key,
 )
 
 REACH_CACHE = CACHE / "reach"
@@ -102,11 +102,11 @@ def worker(task: dict[str, Any]) -> dict[str, Any]:
 def run_task(task: dict[str, Any], rerun: bool, report_only: bool = False) -> dict[str, Any]:
     """One subject's verdicts: cached, or from a child process. ``report_only``: the newest cached
     result of the subject (any code version), or a crash record saying there is none."""
-    path = REACH_CACHE / f"{task['key']}-{task['after']}-{task['steps']}-s{task['seed']}-{task['version']}.json"
+    stem = f"{task['key']}-{task['after']}-{task['steps']}-s{task['seed']}"
+    path = REACH_CACHE / f"{stem}-{task['version']}.json"
     if report_only:
-        found = sorted(REACH_CACHE.glob(f"{task['key']}-{task['after']}-{task['steps']}-s{task['seed']}-*.json"),
-                       key=lambda p: p.stat().st_mtime)
-        return json.loads(found[-1].read_text()) if found else dict(task, crash="no cached result", groups=[])
+        found = newest(REACH_CACHE, f"{stem}-*.json")
+        return json.loads(found.read_text()) if found else dict(task, crash="no cached result", groups=[])
     if path.exists() and not rerun:
         return json.loads(path.read_text())
     out_file = REACH_CACHE / "tmp" / f"{task['key']}-{os.getpid()}-{time.time_ns()}.json"

@@ -333,11 +333,15 @@ def run_task(task: dict[str, Any], timeout: float) -> dict[str, Any]:
     return result if result is not None else dict(task, crash=failure, groups=[])
 
 
+def newest(folder: Path, pattern: str) -> Path | None:
+    """The most recently written file of ``folder`` that matches ``pattern``, or None."""
+    return max(folder.glob(pattern), key=lambda p: p.stat().st_mtime, default=None)
+
+
 def newest_cached(task: dict[str, Any]) -> Path | None:
     """The newest cached result of this (subject, strategy, budget, seed), whatever its code version."""
-    pattern = f"{task['key']}-{task['strategy']}-{task['max_steps']}-s{task['seed']}-*.json"
-    found = sorted((ROOT / task["cache"] / "results").glob(pattern), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
+    return newest(ROOT / task["cache"] / "results",
+                  f"{task['key']}-{task['strategy']}-{task['max_steps']}-s{task['seed']}-*.json")
 
 
 def run_all(tasks: list[dict[str, Any]], jobs: int, timeout: float, rerun: bool,

@@ -131,22 +131,15 @@ def seed_job(seed: int, max_steps: int, policies, cache_dir: str | None = None,
     return out
 
 
-def until(run: dict, wanted: set[str]) -> int:
-    """Steps until every bug in ``wanted`` was found; a miss: the campaign's end plus its unspent budget."""
-    missed = [b for b in wanted if b not in run["found_at"]]
-    if missed:
-        return run["total"] + sum(run["unspent"][b] for b in missed)
-    return max((run["found_at"][b] for b in wanted), default=0)
-
-
 def report(runs: dict[int, dict[str, dict]], max_steps: int) -> str:
     from benchmarks._results import table
+    from benchmarks.scheduler_benefit import steps_until_found
 
     policies = list(next(iter(runs.values())))
     rows, sums = [], dict.fromkeys(policies, 0)
     for seed, by_policy in sorted(runs.items()):
         wanted = set().union(*(set(r["found_at"]) for r in by_policy.values()))
-        steps = {p: until(r, wanted) for p, r in by_policy.items()}
+        steps = {p: steps_until_found(r, wanted) for p, r in by_policy.items()}
         for p in policies:
             sums[p] += steps[p]
         base = steps["round-robin"]
