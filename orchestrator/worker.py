@@ -336,7 +336,7 @@ def reach_verdict(search, steps: int) -> tuple[bool | None, int]:
     site, first = search.site, record.get("first_op")
     own = bool(record["triggered"]) and (
         bool(record.get("own"))
-        or same_op(first, {"op": site.op, "location": site.location, "occurrence": site.occurrence})
+        or same_op(first, site)
         or (record.get("phase") == "forward" and _same_call(first, site)))
     return own, int(record["probe_steps"])
 
