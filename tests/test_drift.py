@@ -26,12 +26,15 @@ from fuzz_core.status import SiteStatus
 ID_3 = "benchmarks/grist_suite/tf_programs/id03_github_ips9.py:make_target"
 ID_12 = "benchmarks/grist_suite/torch_programs/id12_skorch_mnist.py:make_target"
 ID_48 = "benchmarks/grist_suite/tf_programs/id48_dive_python.py:make_target"
+ID_35 = "benchmarks/grist_suite/tf_programs/id35_nikolenko_ch10_04_01.py:make_target"
 
 
-def _site(entry: str, framework: str, op: str = "log", args: dict | None = None, name: str = "drift"):
+def _site(entry: str, framework: str, op: str = "log", args: dict | None = None, name: str = "drift",
+          line: int | None = None):
     runner = build_runner(TargetSpec(name, entry, dict(args or {}), framework=framework, seed=0,
                                      base_dir=os.getcwd()), RunnerOptions())
-    site = next(s for s in discover_sites(runner, 0) if s.searched and s.op == op)
+    site = next(s for s in discover_sites(runner, 0) if s.searched and s.op == op
+                and (line is None or s.location.endswith(f":{line}")))
     return runner, site
 
 
@@ -74,6 +77,23 @@ def test_a_drift_that_progresses_is_not_given_up_for_a_point_the_training_has_mo
     assert found.status is SiteStatus.FOUND, f"missed in 1000 steps (best {found.best_loss:.1f})"
     drifts = [p.step for p in found.trace if p.event == "drift"]
     assert len(drifts) > 200, "found by a drift that went on past its patience's 200 steps"
+
+
+@pytest.mark.tf
+def test_a_first_point_out_of_reach_rides_the_training_without_trying_the_mutations():
+    """TF ID_35a, a VAE of MNIST (GRIST's bug: ``log(1e-10 + 1 - p)`` is ``log(0)`` once the decoder's
+    sigmoid rounds to 1). At the factory's weights no image in the pixels' box saturates the sigmoid:
+    its first list of proposals fails, and the site rides the training at once instead of spending
+    eleven steps on mutations first (22 of the 73 steps it took with them)."""
+    pytest.importorskip("tensorflow")
+    runner, site = _site(ID_35, "tensorflow", args={"variant": "log"}, name="grist-id35", line=67)
+    _, found = _search(runner, site, "adaptive", 1000)
+    assert found.status is SiteStatus.FOUND, f"missed in 1000 steps (best {found.best_loss:.1f})"
+    events = [p.event for p in found.trace]
+    assert "drift" in events, "found by riding the training"
+    before = events[:events.index("drift")]
+    assert "mutation" not in before and "probe" not in before, f"no mutation before the drift: {before}"
+    assert found.candidate is not None and found.candidate.training
 
 
 def test_a_drifting_search_resumes_exactly_from_its_checkpoint():

@@ -131,6 +131,10 @@ class Adaptive(Strategy):
                 st["open"] = False
                 self._accept(s, x_new, ev, label)
                 return
+        if not mutated and self._rides_from_start(s, cur):   # the weights must move first
+            st["open"] = False
+            self._start_drift(s)
+            return
         # the re-measurement's one step may end the quantum: nothing is changed before it, so the next
         # quantum comes back here and makes the same step (the search does not depend on its slicing)
         rechecked = not mutated and self._recheck(s, cur)
@@ -198,11 +202,24 @@ class Adaptive(Strategy):
             g, need = cur.grads, cur.hard
         return g is not None and box_reach(s.values, g, s.bounds) < need
 
+    def _rides_from_start(self, s, cur: Evaluation) -> bool:
+        """The site's first list of proposals failed at its first point (its gradient steps,
+        backtracking and sign step), in a program that trains, with the edge out of the box's reach
+        under the linear model: the site rides the training at once. The mutations that would come
+        next (eleven steps) are for a point whose edge is within reach; out of it, each costs a step
+        that the training would have used (GRIST's VAE ID_35a: 22 of its 73 steps). Not for an edge
+        the search must land on exactly (a zero divisor, a backward hazard): its mutations are its
+        best chance."""
+        st = s.strategy_state
+        if st.get("points", 0) or st.get("drifted") or self._lands_exactly(s):
+            return False
+        return self._rides_training(s, cur)
+
     @staticmethod
     def _start_drift(s, why: str = "box") -> None:
         """``why``: "box" (the edge out of the box's reach: drifting ends once it is within it again),
         or "crawl" (a long run of slow steps: drifting ends only with its patience)."""
-        s.strategy_state.update(drift=True, drift_why=why, drift_steps=0, drift_best=math.inf,
+        s.strategy_state.update(drift=True, drifted=True, drift_why=why, drift_steps=0, drift_best=math.inf,
                                 drift_since=0, escape=0, tried=0, open=False)
         s.cache.pop("current", None)
 
