@@ -211,7 +211,8 @@ class Adaptive(Strategy):
         the search must land on exactly (a zero divisor, a backward hazard): its mutations are its
         best chance."""
         st = s.strategy_state
-        if st.get("points", 0) or st.get("drifted") or self._lands_exactly(s):
+        # "drift_why": set by the first drift and kept after it ends (a site that drifted has had its turn)
+        if st.get("points", 0) or "drift_why" in st or self._lands_exactly(s):
             return False
         return self._rides_training(s, cur)
 
@@ -219,7 +220,7 @@ class Adaptive(Strategy):
     def _start_drift(s, why: str = "box") -> None:
         """``why``: "box" (the edge out of the box's reach: drifting ends once it is within it again),
         or "crawl" (a long run of slow steps: drifting ends only with its patience)."""
-        s.strategy_state.update(drift=True, drifted=True, drift_why=why, drift_steps=0, drift_best=math.inf,
+        s.strategy_state.update(drift=True, drift_why=why, drift_steps=0, drift_best=math.inf,
                                 drift_since=0, escape=0, tried=0, open=False)
         s.cache.pop("current", None)
 
