@@ -214,6 +214,8 @@ class SiteSearch:
             self.candidate = self._candidate(values, ev, seed)
             raise Triggered
         if ev.weights is not None:
+            ev.train_shift = _moved_by(ev.grads, values, ev.weights)
+            ev.log_train_shift = _moved_by(ev.log_grads, values, ev.weights)
             values.update(ev.weights)
         return ev
 
@@ -331,6 +333,20 @@ class SiteSearch:
         self.frozen = bool(meta.get("frozen", False))
         self.rng.bit_generator.state = meta["rng"]
         self.bounds = {k: (float(v[0]), float(v[1])) for k, v in meta["bounds"].items()}
+
+
+def _moved_by(grads: dict[str, np.ndarray] | None, before: dict[str, np.ndarray],
+              after: dict[str, np.ndarray]) -> float:
+    """``sum grads . (after - before)`` over the values both hold: the first-order change of a margin
+    when the program's training step moved its searched weights from ``before`` to ``after``."""
+    if not grads:
+        return 0.0
+    total = 0.0
+    for k, w in after.items():
+        if k in grads and k in before:
+            total += float(np.sum(np.asarray(grads[k], np.float64)
+                                  * (np.asarray(w, np.float64) - np.asarray(before[k], np.float64))))
+    return total if math.isfinite(total) else 0.0
 
 
 def _split(prefix: str, mapping: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

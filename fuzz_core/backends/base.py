@@ -71,6 +71,11 @@ class Evaluation:
     program_loss: float = float("nan")
     trained: bool = False
     weights: dict[str, np.ndarray] | None = None  # searched weights after the program's training step
+    # with ``weights``: the first-order change of ``hard`` (and of ``log_loss``) that the training step
+    # made by moving the searched weights (grads . (weights - as evaluated)); the search goes on from the
+    # trained weights, where the margin is about ``hard + train_shift``, not ``hard``
+    train_shift: float = 0.0
+    log_train_shift: float = 0.0
     passes: int = 1                     # forward passes this evaluation cost
     phase: str | None = None            # where the step's first non-finite value arose (with ``event``)
     state_before: dict[str, np.ndarray] | None = None  # a bad step's starting state, when not the factory's

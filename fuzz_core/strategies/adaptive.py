@@ -53,12 +53,16 @@ ESCAPE_FRACTION = 0.025  # their size, as a fraction of each value's box
 REFRESH_FRACTION = 0.25
 # jitter first (near a rounding-decided edge it is the cheapest win) and drawn again at the end:
 # each draw is a new ticket in the rounding lottery
-MUTATIONS = ("jitter", "zero", "copy", "flat", "low", "high", "one", "minus_one", "jitter", "jitter", "jitter")
+MUTATIONS = ("jitter", "zero", "copy", "flat", "low", "high", "one", "minus_one", "jitter", "jitter", "jitter",
+             "support")
 # tried at the first point, after the first gradient step, where the edge is a point that the
 # search must land on exactly (a zero divisor; a backward hazard: the sqrt of a variance at exactly
 # 0): a margin such as a variance only reaches 0 when values are exactly equal, which gradient
 # steps approach and never reach (in float32 a variance stops near 1e-14, not at 0)
-EARLY_MUTATIONS = ("zero", "flat")
+EARLY_MUTATIONS = ("support", "zero", "flat")
+# "support" (searched weights only): the weights the hard minimum depends on (its gradient's nonzero
+# entries) set to 0: a divisor that is a sum of weights (a column sum of |w|) or a weight itself (a
+# gain) is exactly 0 there, where a gradient step overshoots each entry and lands on none
 MULT_MIN, MULT_MAX = 0.1, 8.0   # bounds of the input-space step multiplier
 JITTER = 1e-6            # relative size of the rounding-lottery perturbation
 QN_MEMORY = 8            # curvature pairs kept by the quasi-Newton (L-BFGS) proposal
@@ -437,12 +441,18 @@ class Adaptive(Strategy):
         return spaces
 
     def _polyak(self, s, cur: Evaluation, space: str, overshoot: float = 1.0) -> dict | None:
-        """Land on the edge (``overshoot`` 1) under a local model: log-linear, or ``c * d**k``."""
+        """Land on the edge (``overshoot`` 1) under a local model: log-linear, or ``c * d**k``.
+
+        Searched weights in a program that trains are not where they were measured: the program's
+        training step moved them after the forward pass, and the search steps from there. The margin
+        to remove is the one the linear model predicts at the trained weights (``Evaluation.train_shift``),
+        not the measured one: a searched divisor (a gain that Adam moves by 0.1 a step) was otherwise
+        overshot by the training's own move at every step, and never landed (GRIST TF ID_28)."""
         if space == "log":
-            grads, decrease = cur.log_grads, cur.log_loss
+            grads, decrease = cur.log_grads, _after_training(cur.log_loss, cur.log_train_shift)
         else:
             grads = cur.grads
-            decrease = cur.hard * s.strategy_state.get("mult", 1.0) * overshoot
+            decrease = _after_training(cur.hard, cur.train_shift) * s.strategy_state.get("mult", 1.0) * overshoot
         if grads is None or not (decrease > 0) or not math.isfinite(decrease):
             return None
         return box_step(s.values, grads, decrease, s.bounds)
@@ -455,7 +465,14 @@ class Adaptive(Strategy):
                    label: str = "mutation") -> Iterator[tuple[str, dict]]:
         rows = self._weakest_rows(s, cur)
         inputs = [k for k in s.searched if not k.startswith(WEIGHT_PREFIX)]
-        for salt, kind in enumerate(kinds):
+        salt = -1         # a jitter's seed: its place among the kinds that mutate inputs
+        for kind in kinds:
+            if kind == "support":
+                x_new = _zero_support(s, cur)
+                if x_new is not None:
+                    yield label, x_new
+                continue
+            salt += 1
             x_new = dict(s.values)
             changed = False
             for key in inputs:
@@ -472,6 +489,13 @@ class Adaptive(Strategy):
         if cur.per_sample is not None and len(cur.per_sample) == s.batch_size:
             return [int(np.argmin(cur.per_sample))]
         return list(range(s.batch_size))
+
+
+def _after_training(margin: float, shift: float) -> float:
+    """The margin predicted at the trained weights, when that prediction is still above the edge; else
+    the measured one (the linear model has crossed: a full step from here is the best guess left)."""
+    moved = margin + shift
+    return moved if moved > 0 and math.isfinite(moved) else margin
 
 
 def _kept(s, before: Evaluation, after: Evaluation) -> float:
@@ -610,6 +634,26 @@ def _between(x: dict, y: dict, t: float) -> dict:
         if v is not x.get(k):
             out[k] = (x[k] + t * (v.astype(np.float64) - x[k])).astype(x[k].dtype)
     return out
+
+
+def _zero_support(s, cur: Evaluation) -> dict | None:
+    """The searched weights with the entries the hard minimum depends on set to 0 (within bounds), or
+    None when no searched weight has a gradient (or every such entry is 0 already)."""
+    if cur.grads is None:
+        return None
+    out, changed = dict(s.values), False
+    for key, g in cur.grads.items():
+        if not key.startswith(WEIGHT_PREFIX) or key not in s.values or key not in s.bounds:
+            continue
+        value = np.asarray(s.values[key])
+        support = np.asarray(g) != 0
+        if support.shape != value.shape or not support.any():
+            continue
+        lo, hi = s.bounds[key]
+        new = np.where(support, np.clip(0.0, lo, hi), value).astype(value.dtype)
+        if not np.array_equal(new, value):
+            out[key], changed = new, True
+    return out if changed else None
 
 
 def _mutate(kind: str, value: np.ndarray, rows: list[int], lo: float, hi: float, salt: int = 0) -> np.ndarray | None:
