@@ -227,6 +227,29 @@ def test_runner_end_to_end_on_two_subjects(tmp_path):
     assert [p.stat().st_mtime_ns for p in results] == stamps, "a cached result was run again"
 
 
+def test_report_only_reads_the_committed_record_when_the_cache_has_no_result(tmp_path):
+    """A clean checkout has no cache: the section is rebuilt from the record that RESULTS.md was
+    written from, and a result run since (in the cache) takes its place."""
+    import os
+    import time
+
+    cache, record = tmp_path / "cache", tmp_path / "record"
+    task = {"key": "torch-id13", "strategy": "grist", "max_steps": 40, "seed": 0,
+            "cache": os.path.relpath(cache, suite_run.ROOT), "code_version": "abc"}
+    assert suite_run.newest_cached(task, record) is None
+    kept = {"key": "torch-id13", "strategy": "grist", "groups": [], "engine": "old"}
+    assert suite_run.write_record([task, dict(task, strategy="random")], {("torch-id13", "grist"): kept},
+                                  record) == 1
+    path = suite_run.newest_cached(task, record)
+    assert path == suite_run.record_path(task, record) and json.loads(path.read_text()) == kept
+    assert suite_run.newest_cached(dict(task, strategy="random"), record) is None
+    time.sleep(0.01)
+    newer = suite_run.cache_path(task)
+    newer.parent.mkdir(parents=True)
+    newer.write_text(json.dumps(dict(kept, engine="new")))
+    assert suite_run.newest_cached(task, record) == newer
+
+
 def test_the_suite_campaign_file_is_the_registries_and_loads():
     """campaigns/grist_suite.yaml is generated from the registries (stale if they changed) and
     is a valid campaign: every entry exists, every target named once."""

@@ -43,6 +43,9 @@ from benchmarks.grist_suite.model import Bug, Subject, marked_lines  # noqa: E40
 
 SUITE = Path(__file__).resolve().parent
 CACHE = SUITE / ".cache"
+# committed: the per-(subject, strategy) results RESULTS.md's section was last written from, so that a
+# clean checkout rebuilds the section (--report-only) and reruns only what it changes
+RECORD = SUITE / "record"
 RUNNER_VERSION = "2"            # bump when what a worker measures changes
 REGISTRIES = {"torch": "benchmarks.grist_suite.subjects_torch",
               "tensorflow": "benchmarks.grist_suite.subjects_tf"}
@@ -338,10 +341,33 @@ def newest(folder: Path, pattern: str) -> Path | None:
     return max(folder.glob(pattern), key=lambda p: p.stat().st_mtime, default=None)
 
 
-def newest_cached(task: dict[str, Any]) -> Path | None:
-    """The newest cached result of this (subject, strategy, budget, seed), whatever its code version."""
-    return newest(ROOT / task["cache"] / "results",
-                  f"{task['key']}-{task['strategy']}-{task['max_steps']}-s{task['seed']}-*.json")
+def record_path(task: dict[str, Any], record: Path | None = None) -> Path:
+    """Where the committed record keeps this (subject, strategy, budget, seed)'s result."""
+    return (record or RECORD) / f"{task['key']}-{task['strategy']}-{task['max_steps']}-s{task['seed']}.json"
+
+
+def newest_cached(task: dict[str, Any], record: Path | None = None) -> Path | None:
+    """The newest result of this (subject, strategy, budget, seed), whatever its code version: in the
+    cache, or in the committed record (:data:`RECORD`), whichever was written last."""
+    cached = newest(ROOT / task["cache"] / "results",
+                    f"{task['key']}-{task['strategy']}-{task['max_steps']}-s{task['seed']}-*.json")
+    kept = record_path(task, record)
+    candidates = [p for p in (cached, kept) if p is not None and p.exists()]
+    return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def write_record(tasks: list[dict[str, Any]], results: dict[tuple, dict], record: Path | None = None) -> int:
+    """Keep the result of every task that has one in the committed record; the number written."""
+    n = 0
+    for task in tasks:
+        res = results.get((task["key"], task["strategy"]))
+        if res is None or "crash" in res:
+            continue
+        path = record_path(task, record)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
+        n += 1
+    return n
 
 
 def run_all(tasks: list[dict[str, Any]], jobs: int, timeout: float, rerun: bool,
@@ -667,7 +693,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=TASK_TIMEOUT_S, help="seconds per (subject, strategy) process")
     ap.add_argument("--rerun", action="store_true", help="ignore cached results")
     ap.add_argument("--report-only", action="store_true",
-                    help="run nothing: report the newest cached result of each (subject, strategy), any code version")
+                    help="run nothing: report the newest result of each (subject, strategy), any code version, "
+                         "from the cache or the committed record")
     ap.add_argument("--no-write", action="store_true", help="print the section; leave RESULTS.md alone")
     ap.add_argument("--cache", default=CACHE.relative_to(ROOT).as_posix(),
                     help="cache folder, relative to the repository root (default: %(default)s)")
@@ -718,6 +745,8 @@ def main(argv: list[str] | None = None) -> int:
         if list(args.strategies) != list(STRATEGIES):
             cmd_args.append("--strategies " + " ".join(args.strategies))
         write_section(name, body, script="grist_suite/run", args=" ".join(cmd_args))
+        kept = write_record(tasks, results)
+        print(f"kept {kept} results in {_rel(RECORD)}/ (commit them with RESULTS.md)", flush=True)
     return 0
 
 
