@@ -17,7 +17,8 @@ Each iteration proposes, in order, until one lowers the hard-minimum margin:
    is a narrow valley through a network, where gradient steps zig-zag and a
    curvature-aware step goes down it (an ArcFace head: a few dozen steps instead of never);
 5. mutations to interesting values: the weakest sample set to 0, to a copy of
-   another sample, to its own mean (equal features), to the bounds, to +-1.
+   another sample, to its own mean (equal features), to the bounds, to +-1; with
+   searched weights, the weights the hard minimum depends on set to 0.
    Floating point is discrete: a gradient step rarely lands *exactly* on a zero
    divisor or makes two vectors exactly parallel; these values do.
 
