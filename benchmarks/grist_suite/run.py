@@ -299,9 +299,13 @@ def worker(task: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- driver
+def result_stem(task: dict[str, Any]) -> str:
+    """A (subject, strategy, budget, seed)'s name in the cache (before its code version) and the record."""
+    return f"{task['key']}-{task['strategy']}-{task['max_steps']}-s{task['seed']}"
+
+
 def cache_path(task: dict[str, Any]) -> Path:
-    return ROOT / task["cache"] / "results" / (f"{task['key']}-{task['strategy']}-{task['max_steps']}-s{task['seed']}-"
-                                f"{task['code_version']}.json")
+    return ROOT / task["cache"] / "results" / f"{result_stem(task)}-{task['code_version']}.json"
 
 
 def in_child(script: Path, task: dict[str, Any], out_file: Path, timeout: float) -> tuple[dict | None, str, str]:
@@ -343,14 +347,13 @@ def newest(folder: Path, pattern: str) -> Path | None:
 
 def record_path(task: dict[str, Any], record: Path | None = None) -> Path:
     """Where the committed record keeps this (subject, strategy, budget, seed)'s result."""
-    return (record or RECORD) / f"{task['key']}-{task['strategy']}-{task['max_steps']}-s{task['seed']}.json"
+    return (record or RECORD) / f"{result_stem(task)}.json"
 
 
 def newest_cached(task: dict[str, Any], record: Path | None = None) -> Path | None:
     """The newest result of this (subject, strategy, budget, seed), whatever its code version: in the
     cache, or in the committed record (:data:`RECORD`), whichever was written last."""
-    cached = newest(ROOT / task["cache"] / "results",
-                    f"{task['key']}-{task['strategy']}-{task['max_steps']}-s{task['seed']}-*.json")
+    cached = newest(ROOT / task["cache"] / "results", f"{result_stem(task)}-*.json")
     kept = record_path(task, record)
     candidates = [p for p in (cached, kept) if p is not None and p.exists()]
     return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
