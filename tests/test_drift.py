@@ -64,7 +64,7 @@ def test_adaptive_rides_an_mlps_training_where_sign_steps_do_not():
 
 
 @pytest.mark.tf
-def test_a_drift_that_progresses_is_not_given_up_for_a_point_the_training_has_moved_past():
+def test_a_drift_that_progresses_is_not_given_up_for_a_point_the_training_has_moved_past(monkeypatch):
     """TF ID_48a (an MLP whose softmax layer starts at zero, trained by Adagrad): early gradient steps
     reach a softmax output of 1e-28 under the first training steps' weights, and the training takes it
     back. The drift then lowers the margin it measures for hundreds of steps; its patience once
@@ -77,6 +77,11 @@ def test_a_drift_that_progresses_is_not_given_up_for_a_point_the_training_has_mo
     22.7 nats after 477 drift steps). What the patience rule owns is asserted: the drift goes on
     past 200 steps that never beat the early best, while its own margin keeps falling."""
     pytest.importorskip("tensorflow")
+    from fuzz_core.strategies import adaptive
+
+    # the scenario is the drift's from the weights the early steps trained into: since the first drift
+    # measures the factory's training on the point first, that finds this bug at once (the next test)
+    monkeypatch.setattr(adaptive, "RESTART", False)
     runner, site = _site(ID_48, "tensorflow", args={"variant": "deep"}, name="grist-id48")
     _, found = _search(runner, site, "adaptive", 1000)
     drifts = [p for p in found.trace if p.event == "drift"]
@@ -86,6 +91,56 @@ def test_a_drift_that_progresses_is_not_given_up_for_a_point_the_training_has_mo
         assert min(p.suspect_loss for p in drifts) > before, "the scenario: no drift step beats the early best"
     assert len(drifts) > 200, "the drift went on past its patience's 200 steps"
     assert min(p.suspect_loss for p in drifts) < drifts[0].suspect_loss - 20, "its own margin fell all along"
+
+
+@pytest.mark.tf
+def test_a_first_drift_measures_the_factorys_training_on_the_point_and_finds_what_todays_weights_hide():
+    """TF ID_48a: 46 steps of search at the trained weights bring the softmax to 1e-19, the training
+    takes it back, and the edge goes out of the box's reach. Ridden from the weights those steps trained
+    into (each a batch no training would see), the drift ends 20 nats short in 1000 steps (the test
+    above); the program's own first Adagrad step from the factory's state on that point underflows the
+    softmax. The site measures that first, finds the bug there, and the finding replays."""
+    pytest.importorskip("tensorflow")
+    from fuzz_core.engine import finding_from
+
+    spec = TargetSpec("grist-id48", ID_48, {"variant": "deep"}, framework="tensorflow", seed=0,
+                      base_dir=os.getcwd())
+    runner = build_runner(spec, RunnerOptions())
+    site = next(s for s in discover_sites(runner, 0) if s.searched and s.op == "log")
+    config = SearchConfig(strategy="adaptive", max_steps=1000, seed=0, reach_steps=0)
+    search = SiteSearch(runner, site, config)
+    found = search.run(1000)
+    assert found.status is SiteStatus.FOUND and found.steps < 100, f"{found.status} after {found.steps} steps"
+    events = [p.event for p in found.trace]
+    assert "restart" in events and "drift" not in events, "found by the restart, before any drift step"
+    finding = finding_from(runner, spec, site, config, found.candidate, found.seconds, minimise_batch=False)
+    assert finding is not None and finding.replays[0] == finding.replays[1]
+
+
+def test_a_restart_that_does_not_lower_the_margin_puts_todays_weights_back():
+    """The restart's two evaluations run from the factory's state; when the margin they leave is not
+    below the point's under today's weights, the runner goes back to today's state exactly, else it
+    drifts on from the factory's once-trained state."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from fuzz_core.strategies.adaptive import Adaptive
+
+    runner, site = _site(ID_12, "torch")
+    for margin, put_back in ((-1.0, True), (1e30, False)):
+        s = SiteSearch(runner, site, SearchConfig(strategy="adaptive", max_steps=100, seed=0, reach_steps=0))
+        s.run(6)
+        assert s.trained and "drift_why" not in s.strategy_state
+        today = {k: np.array(v, copy=True) for k, v in runner.get_state().items()}
+        Adaptive._start_drift(s, "crawl", SimpleNamespace(seen=True, hard=margin))
+        assert "restart" in s.strategy_state
+        result = s.run(2)
+        assert [p.event for p in result.trace] == ["restart", "restart"]
+        assert "restart" not in s.strategy_state and "restart_state" not in s.strategy_state
+        now = runner.get_state()
+        same = all(np.array_equal(now[k], today[k]) for k in today)
+        assert same is put_back, f"margin {margin}: today's state {'put back' if put_back else 'left'}"
 
 
 @pytest.mark.tf
