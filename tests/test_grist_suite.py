@@ -145,6 +145,17 @@ def test_a_finding_elsewhere_is_not_the_bug_and_a_miss_counts_as_the_budget():
     assert an["other"] and not an["failed_replay"]
 
 
+def test_end_to_end_charges_every_group_the_processs_own_setup_not_the_groups_searched_before_it():
+    """A later variant's ``setup_s`` is the time since the process started: the earlier groups' whole
+    searches are in it. Its end to end is charged the first group's setup, as a process that built it
+    first would be."""
+    site = dict(_site(_marked(), 4), search_s=0.5, confirm_s=2.0)
+    res = {"groups": [{"entry": "other:make_target", "args": {"variant": "a"}, "setup_s": 10.0, "sites": []},
+                      {"entry": BUG.entry, "args": {}, "setup_s": 400.0, "error": None, "sites": [site]}]}
+    out = suite_run.bug_outcome(SUBJECT, BUG, res, 500)
+    assert out["found"] and out["e2e_s"] == 12.5
+
+
 def test_a_first_op_on_the_marked_line_counts():
     elsewhere = f"{BUG.entry.split(':')[0]}:1"
     out = suite_run.bug_outcome(SUBJECT, BUG, _result(_site(elsewhere, 7, first=_marked())), 500)
