@@ -25,7 +25,10 @@ Each iteration proposes, in order, until one lowers the hard-minimum margin:
 In a program that trains, the first failed list of a point re-measures that point: when the
 training steps on the tried batches took back most of the search's progress (a hazard on the
 loss itself, which training lowers), the site goes on from its start state with its training
-steps undone after each step (:meth:`SiteSearch.freeze`).
+steps undone after each step (:meth:`SiteSearch.freeze`). A site that starts to ride the program's
+training (:meth:`Adaptive._drift`) first measures one training step from the factory's state on its
+point, and rides from whichever state leaves the lower margin: today's weights were trained on every
+batch the search tried.
 
 A site that stalls refreshes its least important samples (importance: how far each
 sample's suspect loss moved). Every forward pass counts as a step. Candidates are
