@@ -311,3 +311,22 @@ def test_scheduler_figure_charges_a_miss_its_campaigns_end_and_unspent_budget():
     text = scheduler.report({0: {"round-robin": rr, "share": share}}, 300)
     assert "| 0 | 2 | 2, 900 | 1, 500, **1.80x** (32 probe) |" in text
     assert "round-robin 900, share 500" in text
+
+
+# ---------------------------------------------------------------- the ablation's side-by-side run
+def test_the_ablation_runs_both_arms_in_child_processes_and_tells_a_difference_from_a_tie(capsys):
+    """Real child processes on a subject the switch cannot touch (a softmax regression found before
+    any drift): both arms find it in the same steps; the report's verdicts and totals follow the outcomes."""
+    from benchmarks.grist_suite import ablation
+
+    assert ablation.main(["--bugs", "ID_26", "--max-steps", "60", "--no-write", "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| ID_26 |"))
+    assert row.endswith("| same |") and "- (" not in row, row
+    found = {"found": True, "steps": 9, "search_s": 0.5}
+    results = {("A", "on"): {"sites": [dict(found, found=True)]}, ("A", "off"): {"sites": [], "budget": 100},
+               ("B", "on"): {"sites": [], "budget": 100}, ("B", "off"): {"error": "exit 1: boom", "sites": []}}
+    text = ablation.report("RESTART", ["A", "B"], results, 100)
+    assert "| A | 9 (0.50s) | - (100) | **found on only** |" in text
+    assert "| B | - (100) | - (100) error | same |" in text and "B (off): exit 1: boom" in text
+    assert "| on | 1/2 | 54.5 | 109 |" in text

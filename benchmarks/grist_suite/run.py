@@ -308,12 +308,18 @@ def cache_path(task: dict[str, Any]) -> Path:
     return ROOT / task["cache"] / "results" / f"{result_stem(task)}-{task['code_version']}.json"
 
 
+def child_env() -> dict[str, str]:
+    """The environment of the suite's child processes: one thread per library, TF quiet, a fixed hash seed
+    (thread counts change the order of float reductions, and with it a training-reached trajectory)."""
+    return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
+                TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+
+
 def in_child(script: Path, task: dict[str, Any], out_file: Path, timeout: float) -> tuple[dict | None, str, str]:
     """Run ``script --worker TASK --worker-out OUT_FILE`` in a fresh process (one thread per library,
     TF quiet): (its JSON result, "", "") or (None, how it failed, its stderr)."""
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
-               TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+    env = child_env()
     cmd = [sys.executable, str(script), "--worker", json.dumps(task), "--worker-out", str(out_file)]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

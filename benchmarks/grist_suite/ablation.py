@@ -1,0 +1,215 @@
+"""One switch of the engine, on and off, side by side on the bug sites of GRIST's benchmark.
+
+    python benchmarks/grist_suite/ablation.py [--switch RESTART] [--bugs ID_48a ID_3 ...]
+                                              [--max-steps 1000] [--jobs 2] [--no-write]
+
+A bug's trajectory that the program's own training reaches is chaotic: a CPU whose kernels round
+differently sends one seed elsewhere (``run.py``'s section says so), so a change to the search is
+measured here against the same engine with the change switched off, in one run on one machine. For
+each bug and each arm one child process (the suite's environment: one thread per library) builds
+the target as the suite does, and searches the bug's own sites (the searched sites of its op on the
+lines marked ``# GRIST bug <id>``) from the factory's state with ``adaptive``, seed 0; a candidate
+counts when the engine confirms it (``finding_from``: every replay of the engine's reproduces it)
+and its site or its first non-finite op is on a marked line (``run.at_bug``). The suite's own run
+also replays each finding in a fresh process; this one does not.
+
+Arms: ``on`` is the engine as it is; ``off`` sets the switch's module constant (:data:`SWITCHES`).
+Default bugs: :data:`TRAINING_REACHED`, the bugs the suite's ``adaptive`` found by riding the
+program's training, and ID_48a, which ``grist`` finds that way. Writes the section
+``grist_ablation_<switch>`` of ``benchmarks/RESULTS.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.grist_suite import run as suite  # noqa: E402
+from benchmarks.grist_suite.model import marked_lines  # noqa: E402
+
+# name -> (module, constant, its value in the "off" arm, what the switch does)
+SWITCHES = {
+    "RESTART": ("fuzz_core.strategies.adaptive", "RESTART", False,
+                "a site's first drift first measures the program's training from the factory's state on the "
+                "search's point, and rides it from there when it leaves a lower margin"),
+}
+TRAINING_REACHED = ("ID_1", "ID_3", "ID_6", "ID_7", "ID_8", "ID_11a", "ID_11b", "ID_12", "ID_14", "ID_15",
+                    "ID_22", "ID_24", "ID_29", "ID_35a", "ID_45b", "ID_48a", "ID_51", "ID_55", "ID_58",
+                    "ID_61", "ID_63")
+ARMS = ("on", "off")
+
+
+def find_bug(bug_id: str):
+    """(subject, bug) of the suite's registries with this id."""
+    subjects, _ = suite.load_subjects(list(suite.REGISTRIES))
+    for subject in subjects:
+        for bug in subject.bugs:
+            if bug.id == bug_id:
+                return subject, bug
+    raise SystemExit(f"ablation.py: --bugs: no bug {bug_id!r} in the suite's registries")
+
+
+# ----------------------------------------------------------------------------- worker (child process)
+def worker(task: dict) -> dict:
+    os.chdir(ROOT)
+    if task["arm"] == "off":
+        import importlib
+
+        module, name, value, _ = SWITCHES[task["switch"]]
+        setattr(importlib.import_module(module), name, value)
+    subject, bug = find_bug(task["bug"])
+    if subject.framework == "torch":
+        import torch
+
+        torch.set_num_threads(1)
+    from fuzz_core.backends.base import RunnerOptions
+    from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from, search_site
+    from fuzz_core.search import SearchConfig
+
+    spec = TargetSpec(f"grist-id{subject.id:02d}", bug.entry, dict(bug.args), framework=subject.framework, seed=0)
+    runner = build_runner(spec, RunnerOptions(search_weights=bug.search_weights))
+    lines = set(marked_lines(bug.entry).get(bug.id, []))
+    path = bug.entry.split(":", 1)[0]
+    config = SearchConfig(strategy="adaptive", max_steps=subject.budget(task["max_steps"]), seed=0,
+                          search_weights=bug.search_weights, reach_steps=0)
+    out = {"bug": bug.id, "arm": task["arm"], "budget": config.max_steps, "sites": []}
+    for site in discover_sites(runner, 0):
+        where = site.location.rpartition(":")
+        if not (site.searched and site.op == bug.op and where[0] == path and where[2].isdigit()
+                and int(where[2]) in lines):
+            continue
+        result = search_site(runner, site, config)
+        rec = {"location": site.location, "occurrence": site.occurrence, "steps": int(result.steps),
+               "search_s": round(float(result.seconds), 3), "status": str(result.status), "confirmed": False}
+        if result.candidate is not None:
+            finding = finding_from(runner, spec, site, config, result.candidate, result.seconds,
+                                   minimise_batch=False)
+            if finding is not None:
+                done, of = finding.replays
+                rec.update(confirmed=done == of, own=bool(finding.site_triggered), first_op=finding.first_op)
+        rec["found"] = bool(rec["confirmed"] and suite.at_bug(rec, bug))
+        out["sites"].append(rec)
+        runner.reset()
+    return out
+
+
+def run_one(task: dict, timeout: float) -> dict:
+    env = suite.child_env()
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(task)]
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(task, error=f"timed out after {timeout:.0f} s", sites=[])
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        err = (proc.stderr or "").strip().splitlines()
+        return dict(task, error=f"exit {proc.returncode}: {err[-1] if err else 'no output'}", sites=[])
+    return dict(json.loads(lines[-1]), wall_s=round(time.time() - t0, 1))
+
+
+# ----------------------------------------------------------------------------- report
+def outcome(res: dict, budget: int) -> dict:
+    """Found (the fewest steps of a site that found the bug) or a miss counted as the budget."""
+    hits = [s for s in res.get("sites", []) if s.get("found")]
+    if hits:
+        best = min(hits, key=lambda s: s["steps"])
+        return {"found": True, "steps": best["steps"], "search_s": best["search_s"]}
+    return {"found": False, "steps": res.get("budget", budget), "search_s": None,
+            "error": res.get("error")}
+
+
+def cell(o: dict) -> str:
+    if o["found"]:
+        return f"{o['steps']} ({o['search_s']:.2f}s)"
+    return f"- ({o['steps']})" + (" error" if o.get("error") else "")
+
+
+def report(switch: str, bugs: list[str], results: dict, max_steps: int, engine: str = "") -> str:
+    from benchmarks._results import table
+
+    _, _, value, what = SWITCHES[switch]
+    rows, per_arm = [], {arm: [] for arm in ARMS}
+    for bug in bugs:
+        o = {arm: outcome(results[(bug, arm)], max_steps) for arm in ARMS}
+        for arm in ARMS:
+            per_arm[arm].append(o[arm])
+        if o["on"]["found"] != o["off"]["found"]:
+            verdict = "**found on only**" if o["on"]["found"] else "**found off only**"
+        else:
+            d = o["on"]["steps"] - o["off"]["steps"]
+            verdict = "same" if d == 0 else f"{d:+d} steps"
+        rows.append([bug, cell(o["on"]), cell(o["off"]), verdict])
+    tot = []
+    for arm in ARMS:
+        found = [o for o in per_arm[arm] if o["found"]]
+        steps = [o["steps"] for o in per_arm[arm]]
+        tot.append([arm, f"{len(found)}/{len(bugs)}", f"{statistics.median(steps):g}", sum(steps),
+                    f"{sum(o['search_s'] for o in found):.1f}"])
+    errors = [f"{b} ({arm}): {results[(b, arm)]['error']}" for b in bugs for arm in ARMS
+              if results[(b, arm)].get("error")]
+    text = [f"## Ablation on GRIST's bug sites: {switch}\n",
+            f"`{switch}` on: {what}. Off: the same engine with `{switch} = {value!r}`. Each bug's own sites "
+            f"searched with `adaptive` from the factory's state, seed 0, budget {max_steps} steps, both arms in "
+            "one run on one machine (a training-reached bug's single-seed trajectory depends on the CPU: compare "
+            "the arms here, not these cells with the suite's section). A cell: steps to a confirmed finding at "
+            "GRIST's op (search seconds); `-`: a miss, counted as the budget."
+            + (f" Engine at {engine}." if engine else "") + "\n",
+            table(["bug", "on", "off", "on - off"], rows), "",
+            table(["arm", "found", "median steps (miss = budget)", "total steps", "search s (found)"], tot), ""]
+    if errors:
+        text.append("Errors: " + "; ".join(errors) + "\n")
+    return "\n".join(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--switch", choices=sorted(SWITCHES), default="RESTART")
+    ap.add_argument("--bugs", nargs="+", default=list(TRAINING_REACHED))
+    ap.add_argument("--max-steps", type=int, default=1000)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per (bug, arm) process")
+    ap.add_argument("--no-write", action="store_true", help="print the section; leave RESULTS.md alone")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker)), default=str))
+        return 0
+    for bug in args.bugs:
+        find_bug(bug)
+    tasks = [{"bug": b, "arm": arm, "switch": args.switch, "max_steps": args.max_steps}
+             for b in args.bugs for arm in ARMS]
+    results: dict = {}
+    engine = suite.engine_revision()
+    t0 = time.time()
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {pool.submit(run_one, t, args.timeout): t for t in tasks}
+        for n, fut in enumerate(futures, 1):
+            res, t = fut.result(), futures[fut]
+            results[(t["bug"], t["arm"])] = res
+            o = outcome(res, args.max_steps)
+            print(f"[{n}/{len(tasks)}] {t['bug']} {t['arm']}: {cell(o)} ({time.time() - t0:.0f} s)", flush=True)
+    body = report(args.switch, args.bugs, results, args.max_steps, engine)
+    print(body)
+    if not args.no_write:
+        from benchmarks._results import write_section
+
+        cmd = f"--switch {args.switch} --max-steps {args.max_steps}"
+        if list(args.bugs) != list(TRAINING_REACHED):
+            cmd += " --bugs " + " ".join(args.bugs)
+        write_section(f"grist_ablation_{args.switch.lower()}", body, script="grist_suite/ablation", args=cmd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
