@@ -160,7 +160,10 @@ def test_a_first_point_out_of_reach_rides_the_training_without_trying_the_mutati
     assert found.candidate is not None and found.candidate.training
 
 
-def test_a_drifting_search_resumes_exactly_from_its_checkpoint():
+@pytest.mark.parametrize("head_steps, during", [(90, "drift"), (23, "restart")])
+def test_a_drifting_search_resumes_exactly_from_its_checkpoint(head_steps, during):
+    """Taken while it drifts, or between the two evaluations of its restart (the runner then holds the
+    factory's once-trained state, and the strategy today's, to put back)."""
     runner, site = _site(ID_12, "torch")
     whole, result = _search(runner, site, "adaptive", 160)
     assert any(p.event == "drift" for p in result.trace), "it drifts by then"
@@ -168,12 +171,15 @@ def test_a_drifting_search_resumes_exactly_from_its_checkpoint():
 
     config = SearchConfig(strategy="adaptive", max_steps=160, seed=0, reach_steps=0)
     first = SiteSearch(runner, site, config)
-    head = first.run(90)
-    assert any(p.event == "drift" for p in head.trace), "the checkpoint is taken while it drifts"
+    head = first.run(head_steps)
+    assert head.trace[-1].event == during or during == "drift" and any(p.event == "drift" for p in head.trace), \
+        f"the checkpoint is taken during the {during}"
+    if during == "restart":
+        assert "restart" in first.strategy_state, "between the restart's two evaluations"
     arrays, meta = first.checkpoint()
     again = SiteSearch(runner, site, config)      # the runner back at the factory's state, then the checkpoint's
     again.restore(arrays, meta)
-    tail = again.run(70)
+    tail = again.run(160 - head_steps)
     assert [(p.step, p.event, p.suspect_loss) for p in head.trace + tail.trace] == trace
 
 
