@@ -330,3 +330,11 @@ def test_the_ablation_runs_both_arms_in_child_processes_and_tells_a_difference_f
     assert "| A | 9 (0.50s) | - (100) | **found on only** |" in text
     assert "| B | - (100) | - (100) error | same |" in text and "B (off): exit 1: boom" in text
     assert "| on | 1/2 | 54.5 | 109 |" in text
+
+
+def test_the_ablation_names_an_unknown_bug_and_exits_2(capsys):
+    from benchmarks.grist_suite import ablation
+
+    with pytest.raises(SystemExit) as stop:
+        ablation.main(["--bugs", "ID_999", "--no-write"])
+    assert stop.value.code == 2 and "'ID_999'" in capsys.readouterr().err

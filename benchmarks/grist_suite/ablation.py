@@ -50,13 +50,13 @@ ARMS = ("on", "off")
 
 
 def find_bug(bug_id: str):
-    """(subject, bug) of the suite's registries with this id."""
+    """(subject, bug) of the suite's registries with this id, or None."""
     subjects, _ = suite.load_subjects(list(suite.REGISTRIES))
     for subject in subjects:
         for bug in subject.bugs:
             if bug.id == bug_id:
                 return subject, bug
-    raise SystemExit(f"ablation.py: --bugs: no bug {bug_id!r} in the suite's registries")
+    return None
 
 
 # ----------------------------------------------------------------------------- worker (child process)
@@ -185,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker)), default=str))
         return 0
-    for bug in args.bugs:
-        find_bug(bug)
+    unknown = [bug for bug in args.bugs if find_bug(bug) is None]
+    if unknown:
+        ap.error(f"--bugs: no bug {', '.join(map(repr, unknown))} in the suite's registries (ids such as ID_48a)")
     tasks = [{"bug": b, "arm": arm, "switch": args.switch, "max_steps": args.max_steps}
              for b in args.bugs for arm in ARMS]
     results: dict = {}
