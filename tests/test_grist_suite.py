@@ -338,3 +338,27 @@ def test_the_ablation_names_an_unknown_bug_and_exits_2(capsys):
     with pytest.raises(SystemExit) as stop:
         ablation.main(["--bugs", "ID_999", "--no-write"])
     assert stop.value.code == 2 and "'ID_999'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--subjects", "26", "--max-steps", "10"], "--subjects"),
+    (["--section", "Bad Name", "--report-only"], "--section"),
+])
+def test_a_run_that_would_replace_the_suites_section_with_a_few_subjects_is_a_usage_error(argv, says, capsys):
+    with pytest.raises(SystemExit) as stop:
+        suite_run.main(argv)
+    assert stop.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_named_section_is_written_apart_from_the_suites(tmp_path, monkeypatch):
+    import benchmarks._results as results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "RESULTS.md")
+    argv = ["--frameworks", "torch", "--subjects", "26", "--strategies", "adaptive", "--max-steps", "1000",
+            "--report-only", "--section", "subset", "--cache", str(tmp_path / "cache")]
+    # read from the committed record (the cache is empty), and leave it alone
+    monkeypatch.setattr(suite_run, "write_record", lambda tasks, res, record=None: 0)
+    assert suite_run.main(argv) == 0
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "<!-- grist_suite_subset:start -->" in text and "<!-- grist_suite:start -->" not in text
+    assert "--section subset" in text and "| ID_26 |" in text

@@ -25,6 +25,7 @@ import importlib
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -721,9 +722,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="cache folder, relative to the repository root (default: %(default)s)")
     ap.add_argument("--json", help="also write the per-bug outcomes and anomalies to this JSON file")
     ap.add_argument("--note", default="", help="a sentence for the section (the conditions of the run)")
+    ap.add_argument("--section", help="write the section grist_suite_SECTION instead of the suite's own "
+                                      "(a subset of subjects, another budget)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.section is not None and not re.fullmatch(r"[a-z0-9_]+", args.section):
+        ap.error(f"--section: {args.section!r} is not a section name (lower-case letters, digits and _)")
+    if args.subjects and not (args.no_write or args.section):
+        # the suite's section holds every subject: a run of a few would replace it with them alone
+        ap.error("--subjects: a run of a few subjects writes no section of its own; add --no-write (then "
+                 "--report-only rebuilds the suite's section from its results and the record) or --section NAME")
 
     if args.worker:
         result = worker(json.loads(args.worker))
@@ -760,11 +769,15 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks._results import write_section
 
         name = "grist_suite" + ("" if set(frameworks) == set(REGISTRIES) else "_" + "_".join(frameworks))
+        if args.section:
+            name = f"grist_suite_{args.section}"
         cmd_args = [f"--frameworks {' '.join(frameworks)}", f"--max-steps {args.max_steps}"]
         if args.subjects:
             cmd_args.append("--subjects " + " ".join(args.subjects))
         if list(args.strategies) != list(STRATEGIES):
             cmd_args.append("--strategies " + " ".join(args.strategies))
+        if args.section:
+            cmd_args.append(f"--section {args.section}")
         write_section(name, body, script="grist_suite/run", args=" ".join(cmd_args))
         kept = write_record(tasks, results)
         print(f"kept {kept} results in {_rel(RECORD)}/ (commit them with RESULTS.md)", flush=True)
