@@ -362,3 +362,4 @@ def test_a_named_section_is_written_apart_from_the_suites(tmp_path, monkeypatch)
     text = (tmp_path / "RESULTS.md").read_text()
     assert "<!-- grist_suite_subset:start -->" in text and "<!-- grist_suite:start -->" not in text
     assert "--section subset" in text and "| ID_26 |" in text
+    assert "## GRIST's benchmark, PyTorch: subset (issue 17)" in text

@@ -569,7 +569,7 @@ def _published(bug: Bug) -> str:
 
 
 def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list[str], max_steps: int,
-           frameworks: list[str], missing: list[str], seed: int, note: str = "") -> str:
+           frameworks: list[str], missing: list[str], seed: int, note: str = "", section: str = "") -> str:
     runnable = [s for s in subjects if s.runnable]
     bugs = [(s, b) for s in runnable for b in s.bugs]
     outcome = {(b.id, st): bug_outcome(s, b, results.get((subject_key(s), st)), s.budget(max_steps))
@@ -595,7 +595,8 @@ def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list
     from benchmarks._results import table
 
     names = " and ".join({"torch": "PyTorch", "tensorflow": "TensorFlow"}[f] for f in frameworks)
-    text = [f"## GRIST's benchmark, {names} (issue 17)\n",
+    heading = f"## GRIST's benchmark, {names}" + (f": {section.replace('_', ' ')}" if section else "") + " (issue 17)"
+    text = [heading + "\n",
             f"{len(runnable)} runnable subjects, {len(bugs)} bugs; budget **{max_steps} steps per op site**, "
             f"seed {seed}, every searched op site of a subject searched on its own from the factory's state. "
             "A bug counts as found when a finding whose first non-finite op (or whose site, when the site's own "
@@ -755,8 +756,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     results = run_all(tasks, args.jobs, args.timeout, args.rerun, args.report_only)
     print(f"done in {time.time() - t0:.0f} s", flush=True)
-    frameworks = [f for f in args.frameworks if any(s.framework == f for s in all_subjects)] or args.frameworks
-    body = report(subjects, results, args.strategies, args.max_steps, frameworks, missing, args.seed, args.note)
+    # the frameworks the section covers: those of the subjects it holds
+    frameworks = [f for f in args.frameworks if any(s.framework == f for s in subjects)] or args.frameworks
+    body = report(subjects, results, args.strategies, args.max_steps, frameworks, missing, args.seed, args.note,
+                  args.section or "")
     print(body)
     if args.json:
         runnable = [s for s in subjects if s.runnable]
