@@ -235,7 +235,7 @@ class Adaptive(Strategy):
         st = s.strategy_state
         if (RESTART and "drift_why" not in st and cur is not None and cur.seen and math.isfinite(cur.hard)
                 and s.trained and not s.frozen and not s.config.search_weights):
-            st["restart"] = {"margin": float(cur.hard), "passes": 0, "reset": False}
+            st["restart"] = {"margin": float(cur.hard), "passes": 0}
             st["restart_state"] = s.runner.get_state()
         st.update(drift=True, drift_why=why, drift_steps=0, drift_best=math.inf,
                   drift_since=0, escape=0, tried=0, open=False)
@@ -255,9 +255,10 @@ class Adaptive(Strategy):
         weights the search's 46 steps had trained into, the drift ended 20 nats short in 1000 steps."""
         st = s.strategy_state
         rs = st["restart"]
-        if not rs["reset"]:
+        if rs["passes"] == 0:
+            # again when a quantum ended before the first evaluation ran: the runner is still at the
+            # factory's state then (nothing trained it since), so a second reset changes nothing
             s.runner.reset()
-            rs["reset"] = True
         ev = s.evaluate(s.values, event="restart")
         rs["passes"] += 1
         if rs["passes"] < RESTART_PASSES and ev.seen:
