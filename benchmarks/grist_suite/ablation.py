@@ -35,7 +35,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.grist_suite import run as suite  # noqa: E402
-from benchmarks.grist_suite.model import marked_lines  # noqa: E402
 
 # name -> (module, constant, its value in the "off" arm, what the switch does)
 SWITCHES = {
@@ -78,15 +77,12 @@ def worker(task: dict) -> dict:
 
     spec = TargetSpec(f"grist-id{subject.id:02d}", bug.entry, dict(bug.args), framework=subject.framework, seed=0)
     runner = build_runner(spec, RunnerOptions(search_weights=bug.search_weights))
-    lines = set(marked_lines(bug.entry).get(bug.id, []))
-    path = bug.entry.split(":", 1)[0]
+    path, lines = suite.bug_lines(bug)
     config = SearchConfig(strategy="adaptive", max_steps=subject.budget(task["max_steps"]), seed=0,
                           search_weights=bug.search_weights, reach_steps=0)
     out = {"bug": bug.id, "arm": task["arm"], "budget": config.max_steps, "sites": []}
     for site in discover_sites(runner, 0):
-        where = site.location.rpartition(":")
-        if not (site.searched and site.op == bug.op and where[0] == path and where[2].isdigit()
-                and int(where[2]) in lines):
+        if not (site.searched and site.op == bug.op and suite.on_lines(site.location, path, lines)):
             continue
         result = search_site(runner, site, config)
         rec = {"location": site.location, "occurrence": site.occurrence, "steps": int(result.steps),
@@ -98,8 +94,7 @@ def worker(task: dict) -> dict:
                 done, of = finding.replays
                 rec.update(confirmed=done == of, own=bool(finding.site_triggered), first_op=finding.first_op)
         rec["found"] = bool(rec["confirmed"] and suite.at_bug(rec, bug))
-        out["sites"].append(rec)
-        runner.reset()
+        out["sites"].append(rec)         # the next site's search starts from the factory's state
     return out
 
 
