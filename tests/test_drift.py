@@ -204,3 +204,54 @@ def test_a_tie_is_a_quantisation_level_not_a_return_to_an_old_margin():
     assert not Adaptive._tie(st, "sign", E(hard=6e-8), E(hard=6e-8))   # sign steps are never ties
     st = {"recent": [1e-3], "ties": 4}
     assert not Adaptive._tie(st, "linear", E(hard=1e-3), E(hard=1e-3))   # at most MAX_TIES in a row
+
+
+ID_31 = "benchmarks/grist_suite/tf_programs/id31_gan_mnist.py:make_target"
+
+
+def test_a_frozen_site_rides_the_training_once_the_edge_is_out_of_the_boxs_reach(monkeypatch):
+    """A site frozen because the training fought the search (every step from the factory's state)
+    rides the training again when, at the factory's weights, no input in the box reaches the edge:
+    frozen, it has nothing left to find. The drift thaws it, so the training's steps accumulate
+    again; with ``THAW`` off a frozen site never drifts (how the engine was before)."""
+    from fuzz_core.strategies import adaptive
+
+    runner, site = _site(ID_12, "torch")
+    s = SiteSearch(runner, site, SearchConfig(strategy="adaptive", max_steps=100, seed=0, reach_steps=0))
+    s.run(2)
+    cur = s.cache["current"]
+    strategy = adaptive.Adaptive()
+    s.freeze()
+    assert strategy._rides_training(s, cur), "ID_12's edge is out of the box's reach at the factory's weights"
+    assert not strategy._may_drift(s, cur), "a frozen site does not crawl-drift (its training fought it)"
+    monkeypatch.setattr(adaptive, "THAW", False)
+    assert not strategy._rides_training(s, cur)
+    monkeypatch.setattr(adaptive, "THAW", True)
+    adaptive.Adaptive._start_drift(s, cur=cur)
+    assert not s.frozen and s.strategy_state["drift"]
+    result = s.run(20)
+    assert any(p.event == "drift" for p in result.trace) and s.trained
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+def test_a_gans_discriminator_that_fights_the_search_is_ridden_to_its_underflow():
+    """GRIST TF ID_31, a GAN whose discriminator trains to raise ``D(x)`` on the very images the search
+    lowers it on: the recheck freezes the site, and from the factory's weights (stddev 0.02) no image
+    underflows ``log(D(x))``. Frozen, 1000 steps ended 87 nats away, where sign steps riding the
+    training got to 57; thawed, the discriminator's logits swing with the generator's training and the
+    bug is found and replays. Slow: ~80 s of TF on one core."""
+    pytest.importorskip("tensorflow")
+    from fuzz_core.engine import finding_from
+
+    spec = TargetSpec("grist-id31", ID_31, {}, framework="tensorflow", seed=0, base_dir=os.getcwd())
+    runner = build_runner(spec, RunnerOptions())
+    site = next(s for s in discover_sites(runner, 0) if s.searched and s.op == "log" and s.location.endswith(":67"))
+    config = SearchConfig(strategy="adaptive", max_steps=1000, seed=0, reach_steps=0)
+    search = SiteSearch(runner, site, config)
+    found = search.run(1000)
+    events = [p.event for p in found.trace]
+    assert "recheck" in events and "drift" in events, "frozen by the recheck, then ridden"
+    assert found.status is SiteStatus.FOUND, f"missed (best {found.best_loss:.1f})"
+    finding = finding_from(runner, spec, site, config, found.candidate, found.seconds, minimise_batch=False)
+    assert finding is not None and finding.replays[0] == finding.replays[1]

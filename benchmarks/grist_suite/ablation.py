@@ -41,6 +41,9 @@ SWITCHES = {
     "RESTART": ("fuzz_core.strategies.adaptive", "RESTART", False,
                 "a site's first drift first measures the program's training from the factory's state on the "
                 "search's point, and rides it from there when it leaves a lower margin"),
+    "THAW": ("fuzz_core.strategies.adaptive", "THAW", False,
+             "a site frozen because the training fought the search on its batch (every step from the factory's "
+             "state) rides the training again once the edge is out of the box's reach at the factory's weights"),
 }
 TRAINING_REACHED = ("ID_1", "ID_3", "ID_6", "ID_7", "ID_8", "ID_11a", "ID_11b", "ID_12", "ID_14", "ID_15",
                     "ID_22", "ID_24", "ID_29", "ID_35a", "ID_45b", "ID_48a", "ID_51", "ID_55", "ID_58",

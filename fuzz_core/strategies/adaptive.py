@@ -89,6 +89,7 @@ DRIFT_PHASE = 10         # drift steps a direction rule is tried for at a time
 DRIFT_EXPLORE = 5        # every this many phases, the rule left untried longest
 RESTART = True           # a site's first drift measures the training from the factory's state (_restart)
 RESTART_PASSES = 2       # ... in this many evaluations: the factory's step on the point, and the margin it leaves
+THAW = True              # a frozen site with the edge out of the box's reach at the factory's weights rides the training
 
 
 class Adaptive(Strategy):
@@ -192,17 +193,25 @@ class Adaptive(Strategy):
 
     # -- riding the program's training ---------------------------------------------------
     @staticmethod
-    def _may_drift(s, cur: Evaluation) -> bool:
+    def _may_drift(s, cur: Evaluation, thaw: bool = False) -> bool:
+        """``thaw``: a frozen site may drift too (:meth:`_rides_training`: the edge out of the box's reach)."""
         st = s.strategy_state
-        return bool(s.runner.trains and not s.frozen and not st.get("drift_done") and cur.seen
-                    and math.isfinite(cur.hard) and cur.hard > 0)
+        return bool(s.runner.trains and (not s.frozen or (thaw and THAW)) and not st.get("drift_done")
+                    and cur.seen and math.isfinite(cur.hard) and cur.hard > 0)
 
     def _rides_training(self, s, cur: Evaluation) -> bool:
         """The program trains, and no input in the box reaches the edge at today's weights: the
         linear model of the margin (in the space the search steps in) cannot fall to the edge inside the
         box. Only the weights can bring it there, and the program's own training moves them: the site
-        rides that training (:meth:`_drift`) instead of searching the box for what is not in it."""
-        if not self._may_drift(s, cur):
+        rides that training (:meth:`_drift`) instead of searching the box for what is not in it.
+
+        A frozen site too (:data:`THAW`): its training fought the search on the searched batch, and
+        from the factory's weights the edge is out of the box's reach, so the frozen search has nothing
+        left to find; riding the training, which the program's other terms move as well, is its one
+        chance. GRIST TF ID_31, a GAN whose discriminator trains to raise ``D(x)`` on the very images
+        the search lowers it on: frozen, 1000 steps ended 87 nats from ``log(0)``; ridden, the
+        discriminator's logits swing with the generator's training and ``D(x)`` underflows in 519."""
+        if not self._may_drift(s, cur, thaw=True):
             return False
         # a quantity that nears its edge multiplicatively (a softmax output) is judged in log space:
         # in the op's input space a linear model reaches 0 from 1e-3 in one step, and never gets there
@@ -233,6 +242,8 @@ class Adaptive(Strategy):
         drift, in a program that has trained, first measures the program's training from the
         factory's state on the point (:meth:`_restart`)."""
         st = s.strategy_state
+        if s.frozen:          # thawed (_rides_training): the training's steps accumulate again from here
+            s.frozen = False
         if (RESTART and "drift_why" not in st and cur is not None and cur.seen and math.isfinite(cur.hard)
                 and s.trained and not s.frozen and not s.config.search_weights):
             st["restart"] = {"margin": float(cur.hard), "passes": 0}
