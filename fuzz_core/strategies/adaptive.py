@@ -25,7 +25,8 @@ Each iteration proposes, in order, until one lowers the hard-minimum margin:
 In a program that trains, the first failed list of a point re-measures that point: when the
 training steps on the tried batches took back most of the search's progress (a hazard on the
 loss itself, which training lowers), the site goes on from its start state with its training
-steps undone after each step (:meth:`SiteSearch.freeze`). A site that starts to ride the program's
+steps undone after each step (:meth:`SiteSearch.freeze`); when, from there, no input in the box
+reaches the edge, it thaws and rides the training after all (:data:`THAW`). A site that starts to ride the program's
 training (:meth:`Adaptive._drift`) first measures one training step from the factory's state on its
 point, and rides from whichever state leaves the lower margin: today's weights were trained on every
 batch the search tried.
