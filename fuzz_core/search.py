@@ -228,6 +228,12 @@ class SiteSearch:
         self.frozen = True
         self.runner.reset()
 
+    def thaw(self) -> None:
+        """Undo :meth:`freeze`: the program's training steps accumulate again from the runner's state
+        now (a strategy that rides the training after all, where the factory's weights leave it
+        nothing to find)."""
+        self.frozen = False
+
     def _changed_state(self) -> dict[str, np.ndarray] | None:
         """The runner's model state when it is no longer the factory's (trained, searched, or
         moved by the program's own forward passes)."""

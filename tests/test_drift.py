@@ -27,6 +27,7 @@ ID_3 = "benchmarks/grist_suite/tf_programs/id03_github_ips9.py:make_target"
 ID_12 = "benchmarks/grist_suite/torch_programs/id12_skorch_mnist.py:make_target"
 ID_48 = "benchmarks/grist_suite/tf_programs/id48_dive_python.py:make_target"
 ID_35 = "benchmarks/grist_suite/tf_programs/id35_nikolenko_ch10_04_01.py:make_target"
+ID_31 = "benchmarks/grist_suite/tf_programs/id31_gan_mnist.py:make_target"
 
 
 def _site(entry: str, framework: str, op: str = "log", args: dict | None = None, name: str = "drift",
@@ -206,9 +207,6 @@ def test_a_tie_is_a_quantisation_level_not_a_return_to_an_old_margin():
     assert not Adaptive._tie(st, "linear", E(hard=1e-3), E(hard=1e-3))   # at most MAX_TIES in a row
 
 
-ID_31 = "benchmarks/grist_suite/tf_programs/id31_gan_mnist.py:make_target"
-
-
 def test_a_frozen_site_rides_the_training_once_the_edge_is_out_of_the_boxs_reach(monkeypatch):
     """A site frozen because the training fought the search (every step from the factory's state)
     rides the training again when, at the factory's weights, no input in the box reaches the edge:
@@ -240,7 +238,7 @@ def test_a_gans_discriminator_that_fights_the_search_is_ridden_to_its_underflow(
     lowers it on: the recheck freezes the site, and from the factory's weights (stddev 0.02) no image
     underflows ``log(D(x))``. Frozen, 1000 steps ended 87 nats away, where sign steps riding the
     training got to 57; thawed, the discriminator's logits swing with the generator's training and the
-    bug is found and replays. Slow: ~80 s of TF on one core."""
+    bug is found and replays. Slow: ~150 s of TF on one core."""
     pytest.importorskip("tensorflow")
     from fuzz_core.engine import finding_from
 

@@ -243,10 +243,9 @@ class Adaptive(Strategy):
         drift, in a program that has trained, first measures the program's training from the
         factory's state on the point (:meth:`_restart`)."""
         st = s.strategy_state
-        if s.frozen:          # thawed (_rides_training): the training's steps accumulate again from here
-            s.frozen = False
+        s.thaw()              # a frozen site drifts only where _rides_training thawed it
         if (RESTART and "drift_why" not in st and cur is not None and cur.seen and math.isfinite(cur.hard)
-                and s.trained and not s.frozen and not s.config.search_weights):
+                and s.trained and not s.config.search_weights):
             st["restart"] = {"margin": float(cur.hard), "passes": 0}
             st["restart_state"] = s.runner.get_state()
         st.update(drift=True, drift_why=why, drift_steps=0, drift_best=math.inf,
