@@ -91,6 +91,8 @@ DRIFT_EXPLORE = 5        # every this many phases, the rule left untried longest
 RESTART = True           # a site's first drift measures the training from the factory's state (_restart)
 RESTART_PASSES = 2       # ... in this many evaluations: the factory's step on the point, and the margin it leaves
 THAW = True              # a frozen site with the edge out of the box's reach at the factory's weights rides the training
+EARLY_RIDE = True        # a site whose first point, in a program that trains, has the edge out of the box's reach rides at once
+QN_DEMOTE = True         # a quasi-Newton step tried first and rejected goes after the Polyak steps until one is accepted
 
 
 class Adaptive(Strategy):
@@ -112,8 +114,13 @@ class Adaptive(Strategy):
             cur = s.evaluate(s.values, seed_step=st["seed_step"])
             note_reachability(s, cur)
             st.setdefault("origin", float(cur.hard))     # the site's first margin: what progress is measured from
+            first = not st.get("points", 0) and "drift_why" not in st and "tried_any" not in st
             self._accept(s, s.values, cur, "step")
             if s.unreachable:
+                return
+            if first and EARLY_RIDE and self._rides_from_start(s, cur):
+                # the state is the factory's trained one step on this very point: what a restart measures
+                self._start_drift(s, cur=cur, restart=False)
                 return
         if st.get("probe"):
             self._probe(s, cur)
@@ -139,10 +146,15 @@ class Adaptive(Strategy):
                 continue
             ev = s.evaluate(x_new, event=label, seed_step=st.get("seed_step"))
             st["tried"] = i + 1       # only once evaluated: a quantum that ends first retries it
+            st["tried_any"] = True
             if ev.seen and (ev.hard < cur.hard or self._tie(st, label, ev, cur)):
                 st["open"] = False
+                if label == "qn":
+                    st["qn_missed"] = False
                 self._accept(s, x_new, ev, label)
                 return
+            if label == "qn" and i == 0 and QN_DEMOTE:
+                st["qn_missed"] = True    # first and rejected: the Polyak steps go first until a qn step lands
         if not mutated and self._rides_from_start(s, cur):   # the weights must move first
             st["open"] = False
             self._start_drift(s, cur=cur)
@@ -237,14 +249,14 @@ class Adaptive(Strategy):
         return self._rides_training(s, cur)
 
     @staticmethod
-    def _start_drift(s, why: str = "box", cur: Evaluation | None = None) -> None:
+    def _start_drift(s, why: str = "box", cur: Evaluation | None = None, restart: bool = True) -> None:
         """``why``: "box" (the edge out of the box's reach: drifting ends once it is within it again),
         or "crawl" (a long run of slow steps: drifting ends only with its patience). A site's first
         drift, in a program that has trained, first measures the program's training from the
         factory's state on the point (:meth:`_restart`)."""
         st = s.strategy_state
         s.thaw()              # a frozen site drifts only where _rides_training thawed it
-        if (RESTART and "drift_why" not in st and cur is not None and cur.seen and math.isfinite(cur.hard)
+        if (restart and RESTART and "drift_why" not in st and cur is not None and cur.seen and math.isfinite(cur.hard)
                 and s.trained and not s.config.search_weights):
             st["restart"] = {"margin": float(cur.hard), "passes": 0}
             st["restart_state"] = s.runner.get_state()
@@ -458,7 +470,7 @@ class Adaptive(Strategy):
     def _proposals(self, s, cur: Evaluation) -> Iterator[tuple[str, dict]]:
         st = s.strategy_state
         # the L-BFGS recursion runs only when the list gets this far (most iterations accept earlier)
-        qn_first = bool(st.get("slow") or st.get("prefer") == "qn")
+        qn_first = bool(st.get("slow") or st.get("prefer") == "qn") and not st.get("qn_missed")
         qn = quasi_newton_step(st, s, cur) if qn_first else None
         if qn is not None:
             yield "qn", qn
