@@ -279,3 +279,30 @@ def test_a_scheduler_refresh_replaces_the_strategys_own_share_of_the_batch(strat
         search.run(0, refresh=True)       # the refresh alone, no step
         changed = max(changed, int((search.values["x"] != before).any(axis=1).sum()))
     assert changed == rows
+
+
+def test_a_quasi_newton_step_rejected_first_goes_after_the_polyak_steps_until_one_lands():
+    """After slow progress the L-BFGS proposal is tried first (a narrow valley); once that first try is
+    rejected it goes after the Polyak steps, which had been taken instead, until a qn step is accepted
+    again: otherwise each iteration of a slow crawl spends one step on a proposal that keeps failing
+    (GRIST TF ID_8: five in a row, 57 steps to its trigger against 39)."""
+    from fuzz_core.strategies.adaptive import Adaptive
+
+    _, s = _search("valley", max_steps=300)
+    s.run(12)
+    st, cur = s.strategy_state, s.cache["current"]
+    assert isinstance(st.get("qn_s"), np.ndarray) and len(st["qn_s"]), "curvature pairs gathered"
+    st["slow"] = True
+    for demoted in (False, True):
+        st["qn_demoted"] = demoted
+        labels = [label for label, _ in Adaptive()._proposals(s, cur)]
+        assert (labels[0] == "qn") is not demoted and "qn" in labels, (demoted, labels)
+
+    _, s = _search("valley", max_steps=300)      # the search itself demotes a rejected first qn step
+    states = []
+    while not states or states[-1][0] not in ("trigger",) and len(states) < 300:
+        r = s.run(1)
+        states.append((r.trace[-1].event, bool(s.strategy_state.get("qn_demoted"))))
+    demoted_lists = [i for i in range(1, len(states)) if states[i][1] and not states[i - 1][1]]
+    assert demoted_lists, f"a first qn step was rejected and demoted: {states}"
+    assert all(states[i][0] != "qn" for i in demoted_lists), "a demoted list does not start with qn"

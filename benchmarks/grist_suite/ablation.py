@@ -44,9 +44,6 @@ SWITCHES = {
     "THAW": ("fuzz_core.strategies.adaptive", "THAW", False,
              "a site frozen because the training fought the search on its batch (every step from the factory's "
              "state) rides the training again once the edge is out of the box's reach at the factory's weights"),
-    "EARLY_RIDE": ("fuzz_core.strategies.adaptive", "EARLY_RIDE", False,
-                   "a site whose first point, in a program that trains, has the edge out of the box's reach rides "
-                   "the training at once, instead of after its first list of proposals fails"),
     "QN_DEMOTE": ("fuzz_core.strategies.adaptive", "QN_DEMOTE", False,
                   "a quasi-Newton step tried first and rejected goes after the Polyak steps until one is accepted"),
 }

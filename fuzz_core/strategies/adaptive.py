@@ -16,6 +16,8 @@ Each iteration proposes, in order, until one lowers the hard-minimum margin:
    Polyak steps make slow progress: a margin such as ``1 - cos`` of two embeddings
    is a narrow valley through a network, where gradient steps zig-zag and a
    curvature-aware step goes down it (an ArcFace head: a few dozen steps instead of never);
+   tried first while progress is slow, and after the Polyak steps once such a first try was
+   rejected, until a quasi-Newton step is accepted again (:data:`QN_DEMOTE`);
 5. mutations to interesting values: the weakest sample set to 0, to a copy of
    another sample, to its own mean (equal features), to the bounds, to +-1; with
    searched weights, the weights the hard minimum depends on set to 0.
@@ -91,7 +93,6 @@ DRIFT_EXPLORE = 5        # every this many phases, the rule left untried longest
 RESTART = True           # a site's first drift measures the training from the factory's state (_restart)
 RESTART_PASSES = 2       # ... in this many evaluations: the factory's step on the point, and the margin it leaves
 THAW = True              # a frozen site with the edge out of the box's reach at the factory's weights rides the training
-EARLY_RIDE = True        # a site whose first point, in a program that trains, has the edge out of the box's reach rides at once
 QN_DEMOTE = True         # a quasi-Newton step tried first and rejected goes after the Polyak steps until one is accepted
 
 
@@ -114,13 +115,8 @@ class Adaptive(Strategy):
             cur = s.evaluate(s.values, seed_step=st["seed_step"])
             note_reachability(s, cur)
             st.setdefault("origin", float(cur.hard))     # the site's first margin: what progress is measured from
-            first = not st.get("points", 0) and "drift_why" not in st and "tried_any" not in st
             self._accept(s, s.values, cur, "step")
             if s.unreachable:
-                return
-            if first and EARLY_RIDE and self._rides_from_start(s, cur):
-                # the state is the factory's trained one step on this very point: what a restart measures
-                self._start_drift(s, cur=cur, restart=False)
                 return
         if st.get("probe"):
             self._probe(s, cur)
@@ -139,6 +135,8 @@ class Adaptive(Strategy):
             return
         tried = st.get("tried", 0)         # proposals already rejected for this point (a quantum may end
         mutated = False                    # in the middle of the list)
+        if not tried:                      # the list's order is fixed when it starts (a resumed list is the same)
+            st["qn_demoted"] = bool(st.get("qn_missed"))
         st["open"] = True                  # until the list ends: the next quantum goes on with it
         for i, (label, x_new) in enumerate(self._proposals(s, cur)):
             mutated = mutated or label == "mutation"
@@ -146,7 +144,6 @@ class Adaptive(Strategy):
                 continue
             ev = s.evaluate(x_new, event=label, seed_step=st.get("seed_step"))
             st["tried"] = i + 1       # only once evaluated: a quantum that ends first retries it
-            st["tried_any"] = True
             if ev.seen and (ev.hard < cur.hard or self._tie(st, label, ev, cur)):
                 st["open"] = False
                 if label == "qn":
@@ -249,14 +246,14 @@ class Adaptive(Strategy):
         return self._rides_training(s, cur)
 
     @staticmethod
-    def _start_drift(s, why: str = "box", cur: Evaluation | None = None, restart: bool = True) -> None:
+    def _start_drift(s, why: str = "box", cur: Evaluation | None = None) -> None:
         """``why``: "box" (the edge out of the box's reach: drifting ends once it is within it again),
         or "crawl" (a long run of slow steps: drifting ends only with its patience). A site's first
         drift, in a program that has trained, first measures the program's training from the
         factory's state on the point (:meth:`_restart`)."""
         st = s.strategy_state
         s.thaw()              # a frozen site drifts only where _rides_training thawed it
-        if (restart and RESTART and "drift_why" not in st and cur is not None and cur.seen and math.isfinite(cur.hard)
+        if (RESTART and "drift_why" not in st and cur is not None and cur.seen and math.isfinite(cur.hard)
                 and s.trained and not s.config.search_weights):
             st["restart"] = {"margin": float(cur.hard), "passes": 0}
             st["restart_state"] = s.runner.get_state()
@@ -470,7 +467,7 @@ class Adaptive(Strategy):
     def _proposals(self, s, cur: Evaluation) -> Iterator[tuple[str, dict]]:
         st = s.strategy_state
         # the L-BFGS recursion runs only when the list gets this far (most iterations accept earlier)
-        qn_first = bool(st.get("slow") or st.get("prefer") == "qn") and not st.get("qn_missed")
+        qn_first = bool(st.get("slow") or st.get("prefer") == "qn") and not st.get("qn_demoted")
         qn = quasi_newton_step(st, s, cur) if qn_first else None
         if qn is not None:
             yield "qn", qn
