@@ -300,7 +300,7 @@ def test_a_quasi_newton_step_rejected_first_goes_after_the_polyak_steps_until_on
 
     _, s = _search("valley", max_steps=300)      # the search itself demotes a rejected first qn step
     states = []
-    while not states or states[-1][0] not in ("trigger",) and len(states) < 300:
+    while not states or states[-1][0] != "trigger" and len(states) < 300:
         r = s.run(1)
         states.append((r.trace[-1].event, bool(s.strategy_state.get("qn_demoted"))))
     demoted_lists = [i for i in range(1, len(states)) if states[i][1] and not states[i - 1][1]]
