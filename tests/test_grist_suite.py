@@ -170,6 +170,14 @@ def test_a_site_whose_own_hazard_did_not_fire_counts_by_its_first_op_only():
     assert suite_run.bug_outcome(SUBJECT, BUG, _result(site), 500)["found"]
 
 
+def test_a_miss_whose_site_ended_with_another_ops_finding_says_so_not_that_it_went_unsearched():
+    elsewhere = f"{BUG.entry.split(':')[0]}:1"
+    site = dict(_site(_marked(), 119, first=elsewhere), own=False, best_loss=32.2)
+    note = suite_run.miss_note(BUG, _result(site))
+    assert note is not None and "ended at step 119" in note and f"log@{elsewhere}" in note
+    assert suite_run.miss_note(BUG, _result(_site(elsewhere, 3))) is None    # no site of its line at all
+
+
 def test_a_finding_that_fails_a_fresh_replay_is_not_found_and_is_reported():
     res = _result(_site(_marked(), 2, fresh=False))
     out = suite_run.bug_outcome(SUBJECT, BUG, res, 500)

@@ -533,7 +533,7 @@ def miss_note(bug: Bug, res: dict | None) -> str | None:
         return None
     own = [s for s in group["sites"] if s["op"] == bug.op and at_bug(s, bug) and s.get("steps") is not None]
     if not own:
-        return None
+        return _ended_elsewhere(bug, group)
     best = min(own, key=lambda s: s.get("best_loss") if s.get("best_loss") is not None else math.inf)
     reach = best.get("reach") or {}
     loss = best.get("best_loss")
@@ -543,6 +543,21 @@ def miss_note(bug: Bug, res: dict | None) -> str | None:
     if reach.get("message"):
         text += f"; probe: {reach['message']}"
     return text
+
+
+def _ended_elsewhere(bug: Bug, group: dict) -> str | None:
+    """The bug's own site was searched, and its search ended with another op's finding (the first
+    op to go non-finite was elsewhere: GRIST's ID_2a, whose ``log(p)`` search drove ``log(1 - p)``,
+    ID_2b, out of its domain first). The site is not unsearched: it stopped before its op fired."""
+    path, lines = bug_lines(bug)
+    ended = [s for s in group["sites"] if s["op"] == bug.op and on_lines(s.get("location"), path, lines)
+             and s.get("steps") is not None and s.get("own") is False and isinstance(s.get("first_op"), dict)]
+    if not ended:
+        return None
+    s = min(ended, key=lambda s: s["steps"])
+    first = s["first_op"]
+    return (f"its site's search ended at step {s['steps']} with another op's finding "
+            f"({first['op']}@{first['location']}), before its own op fired")
 
 
 def _fmt_steps(o: dict, max_steps: int) -> str:
