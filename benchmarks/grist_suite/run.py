@@ -531,9 +531,10 @@ def miss_note(bug: Bug, res: dict | None) -> str | None:
     group = next((g for g in res["groups"] if _of_group(bug, g)), None)
     if group is None:
         return None
-    own = [s for s in group["sites"] if s["op"] == bug.op and at_bug(s, bug) and s.get("steps") is not None]
+    searched = [s for s in group["sites"] if s["op"] == bug.op and s.get("steps") is not None]
+    own = [s for s in searched if at_bug(s, bug)]
     if not own:
-        return _ended_elsewhere(bug, group)
+        return _ended_elsewhere(bug, searched)
     best = min(own, key=lambda s: s.get("best_loss") if s.get("best_loss") is not None else math.inf)
     reach = best.get("reach") or {}
     loss = best.get("best_loss")
@@ -545,13 +546,14 @@ def miss_note(bug: Bug, res: dict | None) -> str | None:
     return text
 
 
-def _ended_elsewhere(bug: Bug, group: dict) -> str | None:
+def _ended_elsewhere(bug: Bug, searched: list[dict]) -> str | None:
     """The bug's own site was searched, and its search ended with another op's finding (the first
     op to go non-finite was elsewhere: GRIST's ID_2a, whose ``log(p)`` search drove ``log(1 - p)``,
-    ID_2b, out of its domain first). The site is not unsearched: it stopped before its op fired."""
+    ID_2b, out of its domain first). The site is not unsearched: it stopped before its op fired.
+    ``searched``: the group's searched sites of the bug's op (none of them at the bug: ``at_bug``)."""
     path, lines = bug_lines(bug)
-    ended = [s for s in group["sites"] if s["op"] == bug.op and on_lines(s.get("location"), path, lines)
-             and s.get("steps") is not None and s.get("own") is False and isinstance(s.get("first_op"), dict)]
+    ended = [s for s in searched if on_lines(s.get("location"), path, lines)
+             and s.get("own") is False and isinstance(s.get("first_op"), dict)]
     if not ended:
         return None
     s = min(ended, key=lambda s: s["steps"])
