@@ -1,14 +1,16 @@
 """One switch of the engine, on and off, side by side on the bug sites of GRIST's benchmark.
 
     python benchmarks/grist_suite/ablation.py [--switch RESTART] [--bugs ID_48a ID_3 ...]
-                                              [--max-steps 1000] [--jobs 2] [--no-write]
+                                              [--seeds 0 1 2] [--max-steps 1000] [--jobs 2] [--no-write]
 
 A bug's trajectory that the program's own training reaches is chaotic: a CPU whose kernels round
 differently sends one seed elsewhere (``run.py``'s section says so), so a change to the search is
 measured here against the same engine with the change switched off, in one run on one machine. For
 each bug and each arm one child process (the suite's environment: one thread per library) builds
 the target as the suite does, and searches the bug's own sites (the searched sites, of any op, on the
-lines marked ``# GRIST bug <id>``) from the factory's state with ``adaptive``, seed 0; a candidate
+lines marked ``# GRIST bug <id>``) from the factory's state with ``adaptive``, once per search seed
+(``--seeds``, default 0: the seed of the site's batches and of the program's randomness per step; the
+factory is built with seed 0, the suite's, so every seed searches the same program); a candidate
 counts when the engine confirms it (``finding_from``: every replay of the engine's reproduces it)
 and its site or its first non-finite op is on a marked line (``run.at_bug``). The suite's own run
 also replays each finding in a fresh process; this one does not.
@@ -46,6 +48,9 @@ SWITCHES = {
              "state) rides the training again once the edge is out of the box's reach at the factory's weights"),
     "QN_DEMOTE": ("fuzz_core.strategies.adaptive", "QN_DEMOTE", False,
                   "a quasi-Newton step tried first and rejected goes after the Polyak steps until one is accepted"),
+    "DRIFT_CRN": ("fuzz_core.strategies.adaptive", "DRIFT_CRN", False,
+                  "a site that rides the training keeps the randomness its point was measured under (dropout masks, "
+                  "noise) instead of a new draw per step"),
 }
 TRAINING_REACHED = ("ID_1", "ID_3", "ID_6", "ID_7", "ID_8", "ID_11a", "ID_11b", "ID_12", "ID_14", "ID_15",
                     "ID_22", "ID_24", "ID_29", "ID_35a", "ID_45b", "ID_48a", "ID_51", "ID_55", "ID_58",
@@ -83,9 +88,10 @@ def worker(task: dict) -> dict:
     spec = TargetSpec(f"grist-id{subject.id:02d}", bug.entry, dict(bug.args), framework=subject.framework, seed=0)
     runner = build_runner(spec, RunnerOptions(search_weights=bug.search_weights))
     path, lines = suite.bug_lines(bug)
-    config = SearchConfig(strategy="adaptive", max_steps=subject.budget(task["max_steps"]), seed=0,
+    seed = int(task.get("seed", 0))
+    config = SearchConfig(strategy="adaptive", max_steps=subject.budget(task["max_steps"]), seed=seed,
                           search_weights=bug.search_weights, reach_steps=0)
-    out = {"bug": bug.id, "arm": task["arm"], "budget": config.max_steps, "sites": []}
+    out = {"bug": bug.id, "arm": task["arm"], "seed": seed, "budget": config.max_steps, "sites": []}
     for site in discover_sites(runner, 0):
         # every op on the marked lines, as the suite counts a finding there whatever its site's op (GRIST's
         # RBMs ID_22 and ID_51: an exp bug, found by the log site on its line, whose first NaN is the exp)
@@ -131,43 +137,68 @@ def outcome(res: dict, budget: int) -> dict:
             "error": res.get("error")}
 
 
-def cell(o: dict) -> str:
+def cell(o: dict, seconds: bool = True) -> str:
     if o["found"]:
-        return f"{o['steps']} ({o['search_s']:.2f}s)"
+        return f"{o['steps']} ({o['search_s']:.2f}s)" if seconds else str(o["steps"])
     return f"- ({o['steps']})" + (" error" if o.get("error") else "")
 
 
-def report(switch: str, bugs: list[str], results: dict, max_steps: int, engine: str = "") -> str:
+def verdict(on: list[dict], off: list[dict]) -> str:
+    """How the arms of one bug differ: over one seed, found by one arm only or the steps' difference; over
+    several, the seeds each arm found it on and the difference of the median steps (a miss as the budget)."""
+    if len(on) == 1:
+        if on[0]["found"] != off[0]["found"]:
+            return "**found on only**" if on[0]["found"] else "**found off only**"
+        d = on[0]["steps"] - off[0]["steps"]
+        return "same" if d == 0 else f"{d:+d} steps"
+    n_on, n_off = sum(o["found"] for o in on), sum(o["found"] for o in off)
+    d = statistics.median(o["steps"] for o in on) - statistics.median(o["steps"] for o in off)
+    found = f"found {n_on} vs {n_off} of {len(on)}" if n_on != n_off else ""
+    median = "" if d == 0 else f"median {d:+g} steps"
+    text = "; ".join(t for t in (found, median) if t) or "same"
+    return f"**{text}**" if n_on != n_off else text
+
+
+def report(switch: str, bugs: list[str], results: dict, max_steps: int, engine: str = "",
+           seeds: list[int] | tuple[int, ...] = (0,)) -> str:
+    """The section: a row per bug (a cell per arm: its steps on each seed), then per arm the totals over
+    every (bug, seed). ``results`` is keyed by (bug, seed, arm)."""
     from benchmarks._results import table
 
     _, _, value, what = SWITCHES[switch]
+    seeds = list(seeds)
     rows, per_arm = [], {arm: [] for arm in ARMS}
     for bug in bugs:
-        o = {arm: outcome(results[(bug, arm)], max_steps) for arm in ARMS}
+        o = {arm: [outcome(results[(bug, seed, arm)], max_steps) for seed in seeds] for arm in ARMS}
         for arm in ARMS:
-            per_arm[arm].append(o[arm])
-        if o["on"]["found"] != o["off"]["found"]:
-            verdict = "**found on only**" if o["on"]["found"] else "**found off only**"
-        else:
-            d = o["on"]["steps"] - o["off"]["steps"]
-            verdict = "same" if d == 0 else f"{d:+d} steps"
-        rows.append([bug, cell(o["on"]), cell(o["off"]), verdict])
+            per_arm[arm].extend(o[arm])
+        cells = [", ".join(cell(x, seconds=len(seeds) == 1) for x in o[arm]) for arm in ARMS]
+        rows.append([bug, *cells, verdict(o["on"], o["off"])])
     tot = []
     for arm in ARMS:
         found = [o for o in per_arm[arm] if o["found"]]
         steps = [o["steps"] for o in per_arm[arm]]
-        tot.append([arm, f"{len(found)}/{len(bugs)}", f"{statistics.median(steps):g}", sum(steps),
+        tot.append([arm, f"{len(found)}/{len(steps)}", f"{statistics.median(steps):g}", sum(steps),
                     f"{sum(o['search_s'] for o in found):.1f}"])
-    errors = [f"{b} ({arm}): {results[(b, arm)]['error']}" for b in bugs for arm in ARMS
-              if results[(b, arm)].get("error")]
+    errors = [f"{b} (seed {seed}, {arm}): {results[(b, seed, arm)]['error']}" for b in bugs for seed in seeds
+              for arm in ARMS if results[(b, seed, arm)].get("error")]
+    if len(seeds) == 1:
+        runs = f"seed {seeds[0]}"
+        cells = ("A cell: steps to a confirmed finding at GRIST's op (search seconds); `-`: a miss, counted as "
+                 "the budget.")
+        heads = ["bug", "on", "off", "on - off"]
+    else:
+        runs = f"search seeds {', '.join(map(str, seeds))} (the factory built with seed 0: the same program)"
+        cells = ("A cell: steps to a confirmed finding at GRIST's op on each seed in turn; `-`: a miss, counted as "
+                 "the budget. The totals count every (bug, seed).")
+        heads = ["bug", f"on (seeds {', '.join(map(str, seeds))})", "off", "on - off"]
     text = [f"## Ablation on GRIST's bug sites: {switch}\n",
             f"`{switch}` on: {what}. Off: the same engine with `{switch} = {value!r}`. Each bug's own sites "
-            f"searched with `adaptive` from the factory's state, seed 0, budget {max_steps} steps, both arms in "
+            f"searched with `adaptive` from the factory's state, {runs}, budget {max_steps} steps, both arms in "
             "one run on one machine (a training-reached bug's single-seed trajectory depends on the CPU: compare "
-            "the arms here, not these cells with the suite's section). A cell: steps to a confirmed finding at "
-            "GRIST's op (search seconds); `-`: a miss, counted as the budget."
+            f"the arms here, not these cells with the suite's section). {cells}"
             + (f" Engine at {engine}." if engine else "") + "\n",
-            table(["bug", "on", "off", "on - off"], rows), "",
+            table(heads, rows), "",
             table(["arm", "found", "median steps (miss = budget)", "total steps", "search s (found)"], tot), ""]
     if errors:
         text.append("Errors: " + "; ".join(errors) + "\n")
@@ -178,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--switch", choices=sorted(SWITCHES), default="RESTART")
     ap.add_argument("--bugs", nargs="+", default=list(TRAINING_REACHED))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="search seeds, each a run of every bug and arm")
     ap.add_argument("--max-steps", type=int, default=1000)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per (bug, arm) process")
@@ -190,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [bug for bug in args.bugs if find_bug(bug) is None]
     if unknown:
         ap.error(f"--bugs: no bug {', '.join(map(repr, unknown))} in the suite's registries (ids such as ID_48a)")
-    tasks = [{"bug": b, "arm": arm, "switch": args.switch, "max_steps": args.max_steps}
-             for b in args.bugs for arm in ARMS]
+    tasks = [{"bug": b, "seed": seed, "arm": arm, "switch": args.switch, "max_steps": args.max_steps}
+             for b in args.bugs for seed in args.seeds for arm in ARMS]
     results: dict = {}
     engine = suite.engine_revision()
     t0 = time.time()
@@ -199,15 +231,18 @@ def main(argv: list[str] | None = None) -> int:
         futures = {pool.submit(run_one, t, args.timeout): t for t in tasks}
         for n, fut in enumerate(futures, 1):
             res, t = fut.result(), futures[fut]
-            results[(t["bug"], t["arm"])] = res
+            results[(t["bug"], t["seed"], t["arm"])] = res
             o = outcome(res, args.max_steps)
-            print(f"[{n}/{len(tasks)}] {t['bug']} {t['arm']}: {cell(o)} ({time.time() - t0:.0f} s)", flush=True)
-    body = report(args.switch, args.bugs, results, args.max_steps, engine)
+            print(f"[{n}/{len(tasks)}] {t['bug']} seed {t['seed']} {t['arm']}: {cell(o)} ({time.time() - t0:.0f} s)",
+                  flush=True)
+    body = report(args.switch, args.bugs, results, args.max_steps, engine, args.seeds)
     print(body)
     if not args.no_write:
         from benchmarks._results import write_section
 
         cmd = f"--switch {args.switch} --max-steps {args.max_steps}"
+        if list(args.seeds) != [0]:
+            cmd += " --seeds " + " ".join(map(str, args.seeds))
         if list(args.bugs) != list(TRAINING_REACHED):
             cmd += " --bugs " + " ".join(args.bugs)
         write_section(f"grist_ablation_{args.switch.lower()}", body, script="grist_suite/ablation", args=cmd)
