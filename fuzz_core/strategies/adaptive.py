@@ -31,7 +31,9 @@ steps undone after each step (:meth:`SiteSearch.freeze`); when, from there, no i
 reaches the edge, it thaws and rides the training after all (:data:`THAW`). A site that starts to ride the program's
 training (:meth:`Adaptive._drift`) first measures one training step from the factory's state on its
 point, and rides from whichever state leaves the lower margin: today's weights were trained on every
-batch the search tried.
+batch the search tried. The ride keeps the randomness the point was measured under (dropout masks,
+noise: :data:`DRIFT_CRN`), so that each of its steps measures the same network; a new draw per step
+measured another network each time, and a point the search had made was lost in the noise.
 
 A site that stalls refreshes its least important samples (importance: how far each
 sample's suspect loss moved). Every forward pass counts as a step. Candidates are
@@ -94,6 +96,7 @@ RESTART = True           # a site's first drift measures the training from the f
 RESTART_PASSES = 2       # ... in this many evaluations: the factory's step on the point, and the margin it leaves
 THAW = True              # a frozen site with the edge out of the box's reach at the factory's weights rides the training
 QN_DEMOTE = True         # a quasi-Newton step tried first and rejected goes after the Polyak steps until one is accepted
+DRIFT_CRN = True         # a drift (and its restart) keeps the randomness its point was measured under
 
 
 class Adaptive(Strategy):
@@ -279,7 +282,7 @@ class Adaptive(Strategy):
             # again when a quantum ended before the first evaluation ran: the runner is still at the
             # factory's state then (nothing trained it since), so a second reset changes nothing
             s.runner.reset()
-        ev = s.evaluate(s.values, event="restart")
+        ev = s.evaluate(s.values, event="restart", seed_step=st.get("seed_step") if DRIFT_CRN else None)
         rs["passes"] += 1
         if rs["passes"] < RESTART_PASSES and ev.seen:
             return
@@ -308,7 +311,8 @@ class Adaptive(Strategy):
         if "restart" in st:
             self._restart(s)
             return
-        ev = s.evaluate(s.values, event="drift", lookahead=True)
+        ev = s.evaluate(s.values, event="drift", lookahead=True,
+                        seed_step=st.get("seed_step") if DRIFT_CRN else None)
         note_reachability(s, ev)
         st["drift_steps"] = st.get("drift_steps", 0) + 1
         if s.unreachable or not ev.seen:
@@ -327,7 +331,8 @@ class Adaptive(Strategy):
             if st["drift_since"] >= DRIFT_PATIENCE:
                 st["drift_done"] = True
             st.update(drift=False, tried=0, open=False, stall=0)
-            st["seed_step"] = s.step - ev.passes     # the point's randomness: the pass just measured
+            if not DRIFT_CRN:
+                st["seed_step"] = s.step - ev.passes     # the point's randomness: the pass just measured
             s.cache["current"] = ev
             return
         arm = DRIFT_ARMS[self._drift_arm(st, s.last_loss)]
