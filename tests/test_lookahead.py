@@ -160,3 +160,128 @@ def test_no_lookahead_for_a_program_that_does_not_train():
     site = _log_site(runner)
     ev = runner.evaluate(_data(), site, grad=True, train=True, seed=0, lookahead=True)
     assert ev.grads is not None and ev.train_grads is None
+
+
+# ---------------------------------------------------------------- adaptive optimizers
+WARMUP = 60      # training steps on the data before the measured one: the optimizer's moments are its own
+
+
+def _torch_optimizer(name: str, params):
+    import torch
+
+    return {"adam": lambda: torch.optim.Adam(params, lr=LR), "rmsprop": lambda: torch.optim.RMSprop(params, lr=LR),
+            "adagrad": lambda: torch.optim.Adagrad(params, lr=LR)}[name]()
+
+
+def torch_adaptive_target(seed: int = 0, optimizer: str = "adam") -> Target:
+    target = torch_target(seed)
+    target.optimizer = _torch_optimizer(optimizer, target.model.parameters())
+    return target
+
+
+def graph_adaptive_target(seed: int = 0, optimizer: str = "adam"):
+    import tensorflow as tf
+
+    from fuzz_core import GraphTarget
+
+    v1 = tf.compat.v1
+    base = graph_target(seed)
+    with base.graph.as_default():
+        opt = {"adam": v1.train.AdamOptimizer, "rmsprop": v1.train.RMSPropOptimizer,
+               "adagrad": v1.train.AdagradOptimizer}[optimizer](LR)
+        train = opt.minimize(base.loss)
+        base.session.run(v1.variables_initializer(v1.global_variables()))
+    return GraphTarget(graph=base.graph, session=base.session, feeds=base.feeds, loss=base.loss, train_op=train,
+                       sample=base.sample, bounds=base.bounds, search=base.search)
+
+
+def eager_adaptive_target(seed: int = 0, optimizer: str = "adam") -> Target:
+    import tensorflow as tf
+
+    target = eager_target(seed)
+    target.optimizer = {"adam": tf.keras.optimizers.Adam, "rmsprop": tf.keras.optimizers.RMSprop,
+                        "adagrad": tf.keras.optimizers.Adagrad}[optimizer](learning_rate=LR)
+    return target
+
+
+def _warm_margin(runner, site, x: np.ndarray, x0: dict) -> float:
+    """log of the margin at ``x0`` after WARMUP training steps on ``x0`` and one on ``x``, from the start."""
+    runner.reset()
+    for i in range(WARMUP):
+        runner.evaluate(x0, site, grad=False, train=True, seed=0)
+    runner.evaluate(dict(x0, x=x), site, grad=False, train=True, seed=0)
+    return math.log(runner.evaluate(x0, site, grad=False, train=False, seed=0).hard)
+
+
+def _check_adaptive_first_order(runner) -> None:
+    """An adaptive step divides each weight's gradient by a root of a moment that gradient feeds: the
+    lookahead is the margin's derivative through that step, up to one factor common to every weight (the
+    learning rate and Adam's bias correction): measured / predicted is the same positive number along
+    every direction. Without the optimizer's gain (plain gradient descent's model) it is not."""
+    site = _log_site(runner)
+    x0 = _data()
+    runner.reset()
+    for i in range(WARMUP):
+        runner.evaluate(x0, site, grad=False, train=True, seed=0)
+    ev = runner.evaluate(x0, site, grad=True, train=True, seed=0, lookahead=True)
+    assert ev.train_grads is not None
+    rng = np.random.default_rng(5)
+    eps = 1e-4
+    ratios = []
+    for _ in range(5):
+        d = rng.standard_normal(x0["x"].shape)
+        measured = (_warm_margin(runner, site, x0["x"] + eps * d, x0)
+                    - _warm_margin(runner, site, x0["x"] - eps * d, x0)) / (2 * eps)
+        ratios.append(measured / float((ev.train_grads["x"] * d).sum()))
+    assert min(ratios) > 0 and max(ratios) / min(ratios) < 1.05, ratios
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "rmsprop", "adagrad"])
+def test_torch_lookahead_follows_an_adaptive_optimizers_step(optimizer):
+    import sys
+
+    spec = TargetSpec("lookahead", f"{sys.modules[__name__].__name__}:torch_adaptive_target", {"optimizer": optimizer},
+                      framework="torch")
+    _check_adaptive_first_order(build_runner(spec, RunnerOptions()))
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("factory", ["graph_adaptive_target", "eager_adaptive_target"])
+@pytest.mark.parametrize("optimizer", ["adam", "rmsprop", "adagrad"])
+def test_tensorflow_lookahead_follows_an_adaptive_optimizers_step(factory, optimizer):
+    import sys
+
+    pytest.importorskip("tensorflow")
+    spec = TargetSpec("lookahead", f"{sys.modules[__name__].__name__}:{factory}", {"optimizer": optimizer},
+                      framework="tensorflow")
+    _check_adaptive_first_order(build_runner(spec, RunnerOptions()))
+
+
+def test_without_the_optimizers_gain_the_lookahead_misses_an_adam_step(monkeypatch):
+    """The test above can fail: with the gain switched off (the model of plain gradient descent), the
+    ratio moves from one direction to the next."""
+    import sys
+
+    from fuzz_core.backends import optimizer_gain
+
+    monkeypatch.setattr(optimizer_gain, "PRECONDITION", False)
+    spec = TargetSpec("lookahead", f"{sys.modules[__name__].__name__}:torch_adaptive_target", {"optimizer": "adam"},
+                      framework="torch")
+    with pytest.raises(AssertionError):
+        _check_adaptive_first_order(build_runner(spec, RunnerOptions()))
+
+
+def test_a_weight_without_a_moment_is_weighed_by_its_tensors_typical_gradient():
+    """A weight the optimizer holds no moment for yet has a tangent of about 0 (Adam's first step moves it
+    by the learning rate whatever its gradient) or, with a gradient below epsilon, (1 - beta1) / eps:
+    neither holds over a drift's steps. It is weighed as if its gradient were its tensor's typical one:
+    finite, and of one size across the tensor; a weight with a moment of its own gets the exact tangent."""
+    from fuzz_core.backends.optimizer_gain import adaptive_gain
+
+    g = np.array([1e-3, -2e-3, 0.0])
+    first = adaptive_gain(g, np.zeros(3), np.zeros(3), 0.9, 0.999, 1e-8, np)
+    assert np.all(np.isfinite(first)) and np.all(first > 0) and first.max() / first.min() < 10
+    assert first.max() < 0.1 / (np.sqrt(0.001) * 1e-3)       # not (1 - beta1) / eps = 1e7
+    v = np.full(3, 1e-4)
+    later = adaptive_gain(np.zeros(3), np.zeros(3), v, 0.9, 0.999, 1e-8, np)
+    assert later == pytest.approx(0.1 / (np.sqrt(0.999 * v) + 1e-8), rel=1e-6)
