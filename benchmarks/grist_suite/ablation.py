@@ -51,10 +51,6 @@ SWITCHES = {
     "DRIFT_CRN": ("fuzz_core.strategies.adaptive", "DRIFT_CRN", False,
                   "a site that rides the training keeps the randomness its point was measured under (dropout masks, "
                   "noise) instead of a new draw per step"),
-    "PRECONDITION": ("fuzz_core.backends.optimizer_gain", "PRECONDITION", False,
-                     "the lookahead that steers the program's training weighs each weight's pull by how far its "
-                     "optimizer moves it per unit of this step's gradient (Adam's, RMSprop's, Adagrad's second "
-                     "moment), not as plain gradient descent would"),
 }
 TRAINING_REACHED = ("ID_1", "ID_3", "ID_6", "ID_7", "ID_8", "ID_11a", "ID_11b", "ID_12", "ID_14", "ID_15",
                     "ID_22", "ID_24", "ID_29", "ID_35a", "ID_45b", "ID_48a", "ID_51", "ID_55", "ID_58",

@@ -30,7 +30,6 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import op_callbacks
 
-from fuzz_core.backends import optimizer_gain
 from fuzz_core.backends.base import (
     WEIGHT_PREFIX, CheckResult, Evaluation, OpRef, RunnerOptions, TargetBatches, batch_size,
 )
@@ -45,14 +44,6 @@ from fuzz_core.sites import OpSite, relative_path
 from fuzz_core.target import GraphTarget, Target, TargetError
 
 _SEED_STATE = "seed_generator_state"
-
-# A Keras optimizer's class name -> (its first-moment slot list or None, its second-moment slot list, the
-# attribute holding the first moment's decay or None, the second moment's or None for a sum)
-KERAS_ADAPTIVE = {"Adam": ("_momentums", "_velocities", "beta_1", "beta_2"),
-                  "AdamW": ("_momentums", "_velocities", "beta_1", "beta_2"),
-                  "Nadam": ("_momentums", "_velocities", "beta_1", "beta_2"),
-                  "RMSprop": (None, "_velocities", None, "rho"),
-                  "Adagrad": (None, "_accumulators", None, None)}
 
 
 def _train_seed(program_loss: float) -> int:
@@ -441,33 +432,7 @@ class EagerRunner(Fp32Twin, TargetBatches):
         pairs = [(p, tf.stop_gradient(g)) for p, g in zip(params, toward) if g is not None]
         if not pairs:
             return None
-        dl = tape.gradient(mean_loss, [p for p, _ in pairs])
-        return alignment(dl, [self._preconditioned(p, v, g) for (p, v), g in zip(pairs, dl)])
-
-    def _preconditioned(self, var, pull, grad):
-        """``pull`` (the margin's gradient on ``var``) times the derivative of the Keras optimizer's update
-        of ``var`` with respect to this step's gradient (:data:`KERAS_ADAPTIVE`,
-        :func:`~fuzz_core.backends.optimizer_gain.adaptive_gain`): unchanged for SGD and momentum, or
-        where the optimizer's slots cannot be read."""
-        kind = KERAS_ADAPTIVE.get(type(self.target.optimizer).__name__)
-        if not optimizer_gain.PRECONDITION or kind is None or grad is None:
-            return pull
-        opt = self.target.optimizer
-        try:
-            i = opt._get_variable_index(var)     # noqa: SLF001 - Keras 3 keeps its slots in lists by variable
-        except Exception:  # noqa: BLE001 - a variable it has not built slots for yet (before its first step)
-            return pull
-        first, second, beta1, decay = kind
-        try:
-            m = getattr(opt, first)[i] if first else 0.0
-            v = getattr(opt, second)[i]
-        except (AttributeError, IndexError, TypeError):
-            return pull
-        g = tf.stop_gradient(tf.convert_to_tensor(grad))
-        rates = [float(getattr(opt, name)) if name else None for name in (beta1, decay)]
-        gain = optimizer_gain.adaptive_gain(g, tf.cast(m, g.dtype), tf.cast(v, g.dtype), rates[0] or 0.0, rates[1],
-                                            float(getattr(opt, "epsilon", 0.0) or 0.0), optimizer_gain.TF_OPS)
-        return pull * tf.stop_gradient(tf.cast(gain, pull.dtype))
+        return alignment(tape.gradient(mean_loss, [p for p, _ in pairs]), [v for _, v in pairs])
 
     def _depends_on_params(self, tape, hard, targets: list) -> bool:
         others = [_tf_var(v) for v in self._trainable]

@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from fuzz_core.backends import optimizer_gain
 from fuzz_core.backends.base import (
     WEIGHT_PREFIX, CheckResult, Evaluation, OpRef, RunnerOptions, TargetBatches, batch_size,
 )
@@ -51,15 +50,6 @@ from fuzz_core.sites import OpSite
 from fuzz_core.target import GraphTarget, TargetError
 
 _SOURCES = ("Placeholder", "PlaceholderWithDefault", "VarHandleOp", "VariableV2", "Variable")
-# An optimizer's update op -> the inputs holding (its first moment, that moment's decay, its second moment,
-# the second moment's decay (None: a sum), its epsilon); None where it has no such input
-ADAPTIVE = {
-    "ResourceApplyAdam": (1, 6, 2, 7, 8), "ApplyAdam": (1, 6, 2, 7, 8),
-    "ResourceApplyRMSProp": (None, None, 1, 4, 6), "ApplyRMSProp": (None, None, 1, 4, 6),
-    "ResourceApplyCenteredRMSProp": (None, None, 2, 5, 7), "ApplyCenteredRMSProp": (None, None, 2, 5, 7),
-    "ResourceApplyAdagrad": (None, None, 1, None, None), "ApplyAdagrad": (None, None, 1, None, None),
-    "ResourceApplyAdagradV2": (None, None, 1, None, 3), "ApplyAdagradV2": (None, None, 1, None, 3),
-}
 
 
 def _named(variables: list, prefix: str = "") -> dict[str, Any]:
@@ -102,7 +92,6 @@ class GraphRunner(Fp32Twin, TargetBatches):
         self._site_cache: dict[tuple, Any] = {}
         self._margins: dict[tuple, tuple] = {}      # site key -> (hard, log_loss, log_space) tensors
         self._ahead: dict[tuple, list | None] = {}  # site key -> its lookahead gradients (built on demand)
-        self._scale: dict | None = None         # trainable variable -> its optimizer's preconditioner (on demand)
         self._copies: dict[tuple, str] = {}
         self._copy_count = 0
         self._random: list | None = None        # the program's stateful random ops, fed by the runner
@@ -372,7 +361,7 @@ class GraphRunner(Fp32Twin, TargetBatches):
                 toward = tf.gradients(followed_margin(hard, log_space), self._trainable)
                 pairs = [(v, tf.stop_gradient(g)) for v, g in zip(self._trainable, toward) if g is not None]
                 dl = tf.gradients(self.loss, [v for v, _ in pairs]) if pairs else []
-                aligned = alignment(dl, [self._preconditioned(v, t, g) for (v, t), g in zip(pairs, dl)])
+                aligned = alignment(dl, [t for _, t in pairs])
                 if aligned is not None and names:
                     grads = tf.gradients(-aligned, [self.feeds[n] for n in names])
                     if any(g is not None for g in grads):
@@ -381,53 +370,6 @@ class GraphRunner(Fp32Twin, TargetBatches):
                 fetches = None
         self._ahead[key] = fetches
         return fetches
-
-    def _preconditioners(self) -> dict:
-        """Per trainable variable, the state of its optimizer's adaptive step (:data:`ADAPTIVE`): (first
-        moment or 0, its decay, second moment, its decay or None, epsilon) as tensors read before the
-        step, found on the train op's own update ops, not by slot names. A variable that plain gradient
-        descent or momentum updates has none. Built once."""
-        if self._scale is not None:
-            return self._scale
-        found = self._scale = {}
-        train = getattr(self.target.train_op, "op", self.target.train_op)
-        if not optimizer_gain.PRECONDITION or train is None or not hasattr(train, "inputs"):
-            return found
-        handles = {getattr(v, "handle", v).op: v for v in self._trainable}
-        self._unfinalize()
-        with self.graph.as_default(), tf.compat.v1.name_scope("cdeepfuzz/preconditioner/"):
-            for op in _ancestors([train]):
-                where = ADAPTIVE.get(op.type)
-                var = handles.get(op.inputs[0].op) if where and op.inputs else None
-                if var is None:
-                    continue
-                dtype = var.dtype.base_dtype
-
-                def value(i, default=None):
-                    if i is None:
-                        return default
-                    t = op.inputs[i]
-                    if t.dtype == tf.resource:
-                        return tf.raw_ops.ReadVariableOp(resource=t, dtype=dtype)
-                    return tf.cast(tf.identity(t), dtype)
-
-                zero = tf.constant(0.0, dtype)
-                found[var] = (value(where[0], zero), value(where[1], zero), value(where[2]), value(where[3]),
-                              value(where[4], zero))
-        return found
-
-    def _preconditioned(self, var, pull, grad):
-        """``pull`` (the margin's gradient on ``var``) times the derivative of the optimizer's update of
-        ``var`` with respect to this step's gradient ``grad``, at ``grad``, held fixed
-        (:func:`~fuzz_core.backends.optimizer_gain.adaptive_gain`). Unchanged for a variable that plain
-        gradient descent or momentum updates."""
-        state = self._preconditioners().get(var)
-        if state is None or grad is None:
-            return pull
-        m, beta1, v, decay, eps = state
-        g = tf.stop_gradient(tf.convert_to_tensor(grad))
-        gain = optimizer_gain.adaptive_gain(g, m, v, beta1, decay, eps, optimizer_gain.TF_OPS)
-        return pull * tf.stop_gradient(tf.cast(gain, pull.dtype))
 
     def _leaf_targets(self) -> tuple[list[str], list]:
         names = [n for n in self.searched if n in self.feeds]

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from fuzz_core.backends import optimizer_gain
 from fuzz_core.backends.base import (
     LOG_TAU, WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches, batch_size, bisect_last,
     collect_grads,
@@ -27,12 +26,6 @@ from fuzz_core.backends.torch_state import TorchState, WriteWatch, is_grad_scale
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue, log_floor
 from fuzz_core.sites import OpSite, relative_path
 from fuzz_core.target import Target, TargetError
-
-# An optimizer's class name -> (its first-moment state or None, its second-moment state, the second
-# moment's decay: a param-group key, "betas" for Adam's second beta, or None for a plain sum)
-ADAPTIVE = {"Adam": ("exp_avg", "exp_avg_sq", "betas"), "AdamW": ("exp_avg", "exp_avg_sq", "betas"),
-            "NAdam": ("exp_avg", "exp_avg_sq", "betas"), "RAdam": ("exp_avg", "exp_avg_sq", "betas"),
-            "RMSprop": (None, "square_avg", "alpha"), "Adagrad": (None, "sum", None)}
 
 
 class TorchXP:
@@ -434,8 +427,7 @@ class TorchRunner(TargetBatches):
             return None
         dl = torch.autograd.grad(loss.float().mean(), [p for p, _ in pairs], create_graph=True,
                                  retain_graph=True, allow_unused=True)
-        terms = [(g * self._preconditioned(p, v, g)).sum() for g, (p, v) in zip(dl, pairs)
-                 if g is not None and g.requires_grad]
+        terms = [(g * v).sum() for g, (_, v) in zip(dl, pairs) if g is not None and g.requires_grad]
         if not terms:
             return None
         grads = torch.autograd.grad(-torch.stack(terms).sum(), [t for _, t in inputs],
@@ -443,34 +435,6 @@ class TorchRunner(TargetBatches):
         out, _, connected = collect_grads([n for n, _ in inputs], [tuple(t.shape) for _, t in inputs], list(grads),
                                           lambda g: g.detach().cpu().double().numpy())
         return out if connected else None
-
-    def _preconditioned(self, p: torch.Tensor, pull: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        """``pull`` (the margin's gradient on ``p``) times the derivative of ``p``'s update by its optimizer
-        with respect to this step's gradient ``grad``, at ``grad``
-        (:func:`~fuzz_core.backends.optimizer_gain.adaptive_gain`): Adam, RMSprop and Adagrad divide by a
-        second moment that this very gradient feeds, so a weight whose moment is small moves further per
-        unit of gradient. Unchanged for plain gradient descent and momentum."""
-        if not optimizer_gain.PRECONDITION:
-            return pull
-        for opt in self._optimizers:
-            kind = ADAPTIVE.get(type(opt).__name__)
-            group = next((g for g in opt.param_groups if any(q is p for q in g["params"])), None)
-            if kind is None or group is None:
-                continue
-            first, second, decay = kind
-            state = getattr(opt, "state", {}).get(p) or {}
-            g = grad.detach()
-            g = g if g.dtype == torch.float64 else g.float()
-
-            def slot(key):
-                v = state.get(key) if key else None
-                return v.detach().to(g.dtype) if isinstance(v, torch.Tensor) and v.shape == p.shape else 0.0
-
-            beta1, rate = group["betas"] if decay == "betas" else (0.0, group.get(decay) if decay else None)
-            gain = optimizer_gain.adaptive_gain(g, slot(first), slot(second), beta1, rate,
-                                                float(group.get("eps", 0.0) or 0.0), torch)
-            return pull * gain.to(pull.dtype)
-        return pull
 
     def _train(self, batch: dict, loss: torch.Tensor, seed: int,
                pre: dict | None = None) -> tuple[bool, str | None]:
