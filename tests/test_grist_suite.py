@@ -389,3 +389,42 @@ def test_a_named_section_is_written_apart_from_the_suites(tmp_path, monkeypatch)
     assert "<!-- grist_suite_subset:start -->" in text and "<!-- grist_suite:start -->" not in text
     assert "--section subset" in text and "| ID_26 |" in text
     assert "## GRIST's benchmark, PyTorch: subset (issue 17)" in text
+
+
+# ---------------------------------------------------------------- the suite's misses at a longer budget
+def test_the_long_budget_searches_only_the_bugs_own_sites_beside_grists_loop(tmp_path, monkeypatch, capsys):
+    """Real child processes on GRIST's ID_2b (TF): `adaptive` searches only the site on the bug's marked
+    line, confirms and fresh-replays its finding; GRIST's loop runs on the same bug at half the passes.
+    A second run is served from what the first kept, and the record keeps one result per search."""
+    from benchmarks.grist_suite import long_budget
+
+    monkeypatch.setattr(long_budget, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(long_budget, "RECORD", tmp_path / "record")
+    import benchmarks._results as results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "RESULTS.md")
+    argv = ["--bugs", "ID_2b", "--max-steps", "80", "--jobs", "2"]
+    assert long_budget.main(argv) == 0
+    kept = sorted((tmp_path / "cache").glob("ID_2b-*.json"))
+    assert [p.name.split("-")[1] for p in kept] == ["adaptive", "loop"]
+    res = json.loads(kept[0].read_text())
+    sites = res["groups"][0]["sites"]
+    assert sites and all(s["location"].endswith("id02_github_ips6.py:36") for s in sites), sites
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| ID_2b |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3].split()[0].isdigit() and cells[5] == "ok", row       # found, and its fresh replay held
+    assert cells[6].endswith("s)") and " it (" in cells[6], row          # GRIST's loop triggered it too
+    assert sorted(p.name for p in (tmp_path / "record").glob("*.json")) == [p.name for p in kept]
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "<!-- grist_long_budget:start -->" in text and "of 79** (GRIST's paper: 78 of 79" in text
+    stamps = [p.stat().st_mtime_ns for p in kept]
+    assert long_budget.main(argv + ["--no-write"]) == 0
+    assert [p.stat().st_mtime_ns for p in kept] == stamps, "a kept result was run again"
+
+
+def test_the_long_budget_names_an_unknown_bug_and_exits_2(capsys):
+    from benchmarks.grist_suite import long_budget
+
+    with pytest.raises(SystemExit) as stop:
+        long_budget.main(["--bugs", "ID_0z", "--no-write"])
+    assert stop.value.code == 2 and "'ID_0z'" in capsys.readouterr().err

@@ -116,6 +116,8 @@ def _worker(task: dict) -> dict:
     subject = next(s for s in SUBJECTS if s.id == task["subject"])
     out = {}
     for bug in subject.bugs:
+        if task.get("bugs") and bug.id not in task["bugs"]:
+            continue
         if bug.search_weights:
             out[bug.id] = {"error": "GRIST searched a variable here, not the input (not this loop)"}
             continue

@@ -185,8 +185,10 @@ def _op_dict(op) -> dict | None:
 
 
 def search_group(framework: str, sid: int, strategy: str, max_steps: int, seed: int, group: dict,
-                 t_launch: float, findings_dir: Path) -> dict[str, Any]:
-    """Build one target, discover its sites, search each, confirm and fresh-replay each candidate."""
+                 t_launch: float, findings_dir: Path, only: tuple[str, set[int]] | None = None) -> dict[str, Any]:
+    """Build one target, discover its sites, search each, confirm and fresh-replay each candidate.
+
+    ``only``: (file, lines): search only the sites on those lines (a bug's own, :func:`bug_lines`)."""
     from fuzz_core.backends.base import RunnerOptions
     from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from, replay, search_site
     from fuzz_core.findings import load_finding, write_finding
@@ -207,7 +209,7 @@ def search_group(framework: str, sid: int, strategy: str, max_steps: int, seed: 
     out["sites_total"] = len(sites)
     config = SearchConfig(strategy=strategy, max_steps=max_steps, seed=seed, search_weights=weights)
     for site in sites:
-        if not site.searched:
+        if not site.searched or (only is not None and not on_lines(site.location, *only)):
             continue
         rec: dict[str, Any] = {"id": site.id, "op": site.op, "hazard": site.hazard, "location": site.location,
                                "occurrence": site.occurrence, "candidate": False, "confirmed": False,
