@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -112,18 +111,12 @@ def worker(task: dict) -> dict:
 
 
 def run_one(task: dict, timeout: float) -> dict:
-    env = suite.child_env()
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(task)]
     t0 = time.time()
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return dict(task, error=f"timed out after {timeout:.0f} s", sites=[])
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        err = (proc.stderr or "").strip().splitlines()
-        return dict(task, error=f"exit {proc.returncode}: {err[-1] if err else 'no output'}", sites=[])
-    return dict(json.loads(lines[-1]), wall_s=round(time.time() - t0, 1))
+    res, failure = suite.json_child([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(task)],
+                                    timeout)
+    if res is None:
+        return dict(task, error=failure, sites=[])
+    return dict(res, wall_s=round(time.time() - t0, 1))
 
 
 # ----------------------------------------------------------------------------- report

@@ -16,7 +16,7 @@ For each bug, two child processes:
   the lines marked for the bug are searched (:func:`run.search_group` with ``only``), seed 0, budget
   ``--max-steps``; a candidate is confirmed by the engine's replays, written as a finding folder and
   replayed in a fresh build, as in the suite. A process still running at ``--timeout`` (default 1800 s:
-  GRIST's 30 minutes) is cut, and the bug counts as missed.
+  GRIST's 30 minutes) is stopped, and the bug counts as missed.
 - GRIST's loop (:func:`grist_loop.grist_loop`, TensorFlow programs): ``--max-steps / 2`` iterations, each
   two passes of the program (its step and its train op), so both searches see as many passes.
 
@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -81,7 +80,7 @@ def worker(task: dict) -> dict:
         import torch
 
         torch.set_num_threads(1)
-    group = {"entry": bug.entry, "args": dict(bug.args), "search_weights": bool(bug.search_weights)}
+    group = next(g for g in suite.groups(subject) if suite._of_group(bug, g))
     findings = Path(task.get("cache", CACHE)) / "findings" / f"{bug.id}-adaptive-{task['max_steps']}"
     out = {"bug": bug.id, "key": suite.subject_key(subject), "strategy": "adaptive", "max_steps": task["max_steps"],
            "seed": 0, "engine": suite.engine_revision(), "code_version": task["code_version"]}
@@ -89,18 +88,6 @@ def worker(task: dict) -> dict:
                                         t_launch, findings, only=suite.bug_lines(bug))]
     out["wall_s"] = round(time.time() - t_launch, 3)
     return out
-
-
-def _child(cmd: list[str], timeout: float) -> tuple[dict | None, str]:
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=suite.child_env(), capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None, f"cut at {timeout:.0f} s"
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        err = (proc.stderr or "").strip().splitlines()
-        return None, f"exit {proc.returncode}: {err[-1] if err else 'no output'}"
-    return json.loads(lines[-1]), ""
 
 
 USED: set[Path] = set()      # the kept results this run reports: what the record keeps
@@ -138,7 +125,8 @@ def run_adaptive(bug_id: str, max_steps: int, timeout: float, rerun: bool, repor
         return kept or {"error": "not run"}
     task = {"bug": bug_id, "max_steps": max_steps, "code_version": version, "t_launch": time.time(),
             "cache": str(CACHE)}
-    res, failure = _child([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(task)], timeout)
+    res, failure = suite.json_child([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(task)],
+                                    timeout)
     if res is None:
         return {"error": failure}
     _keep(name, res)
@@ -154,8 +142,8 @@ def run_loop(bug_id: str, iterations: int, timeout: float, rerun: bool, report_o
     if kept is not None or report_only:
         return kept or {"error": "not run"}
     task = {"subject": subject.id, "iterations": iterations, "bugs": [bug_id]}
-    res, failure = _child([sys.executable, str(Path(grist_loop.__file__).resolve()), "--worker", json.dumps(task)],
-                          timeout)
+    res, failure = suite.json_child([sys.executable, str(Path(grist_loop.__file__).resolve()), "--worker",
+                                     json.dumps(task)], timeout)
     if res is None:
         return {"error": failure}
     res = res.get(bug_id, {"error": "no result"})

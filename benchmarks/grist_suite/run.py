@@ -335,6 +335,20 @@ def in_child(script: Path, task: dict[str, Any], out_file: Path, timeout: float)
     return result, "", ""
 
 
+def json_child(cmd: list[str], timeout: float) -> tuple[dict | None, str]:
+    """Run a worker command in a fresh process (:func:`child_env`) that prints its result as a JSON line:
+    (the last such line, "") or (None, how it failed)."""
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout:.0f} s"
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        err = (proc.stderr or "").strip().splitlines()
+        return None, f"exit {proc.returncode}: {err[-1] if err else 'no output'}"
+    return json.loads(lines[-1]), ""
+
+
 def run_task(task: dict[str, Any], timeout: float) -> dict[str, Any]:
     """One child process; its result, or a record of how it failed."""
     out_file = ROOT / task["cache"] / "tmp" / f"{task['key']}-{task['strategy']}-{os.getpid()}-{time.time_ns()}.json"
