@@ -168,6 +168,21 @@ def test_a_first_point_out_of_reach_rides_the_training_without_trying_the_mutati
     assert found.candidate is not None and found.candidate.training
 
 
+@pytest.mark.tf
+def test_a_first_point_with_a_zero_gradient_searches_before_it_rides():
+    """TF ID_19, a softmax regression from zero weights: at the first point the margin's gradient is 0,
+    and a linear model that knows nothing says the edge is out of reach. The first list runs: its
+    re-measurements are the program's first training steps, after which Polyak steps in log space land
+    (15 steps; riding the training at once took 435)."""
+    pytest.importorskip("tensorflow")
+    runner, site = _site("benchmarks/grist_suite/tf_programs/id19_python_tensorflow.py:make_target",
+                         "tensorflow", name="grist-id19")
+    _, found = _search(runner, site, "adaptive", 1000)
+    assert found.status is SiteStatus.FOUND and found.steps <= 50, f"{found.status} after {found.steps} steps"
+    events = [p.event for p in found.trace]
+    assert "drift" not in events and "log" in events, f"landed by Polyak steps, not ridden: {events}"
+
+
 @pytest.mark.parametrize("during", ["drift", "restart"])
 def test_a_drifting_search_resumes_exactly_from_its_checkpoint(during, monkeypatch):
     """Taken while it drifts, or between the two evaluations of its restart (the runner then holds the
