@@ -47,10 +47,6 @@ SWITCHES = {
              "state) rides the training again once the edge is out of the box's reach at the factory's weights"),
     "QN_DEMOTE": ("fuzz_core.strategies.adaptive", "QN_DEMOTE", False,
                   "a quasi-Newton step tried first and rejected goes after the Polyak steps until one is accepted"),
-    "EAGER_DRIFT": ("fuzz_core.strategies.adaptive", "EAGER_DRIFT", False,
-                    "a site whose first point, in a program that trains, has the edge out of the box's reach under "
-                    "an informed linear model (a nonzero gradient) rides the training at once, without a first list "
-                    "of proposals and without a restart"),
     "DRIFT_CRN": ("fuzz_core.strategies.adaptive", "DRIFT_CRN", False,
                   "a site that rides the training keeps the randomness its point was measured under (dropout masks, "
                   "noise) instead of a new draw per step"),

@@ -97,8 +97,6 @@ RESTART_PASSES = 2       # ... in this many evaluations: the factory's step on t
 THAW = True              # a frozen site with the edge out of the box's reach at the factory's weights rides the training
 QN_DEMOTE = True         # a quasi-Newton step tried first and rejected goes after the Polyak steps until one is accepted
 DRIFT_CRN = True         # a drift (and its restart) keeps the randomness its point was measured under
-EAGER_DRIFT = True       # a site whose first point has the edge out of the box's reach rides the training at once
-                         # (_rides_at_once): no first list of proposals, no restart
 
 
 class Adaptive(Strategy):
@@ -123,10 +121,6 @@ class Adaptive(Strategy):
             self._accept(s, s.values, cur, "step")
             if s.unreachable:
                 return
-            if EAGER_DRIFT and not st.get("listed") and self._rides_at_once(s, cur):
-                self._start_drift(s, cur=cur, restart=False)
-                return
-        st["listed"] = True                   # a list of proposals has started at some point
         if st.get("probe"):
             self._probe(s, cur)
             return
@@ -232,19 +226,13 @@ class Adaptive(Strategy):
         discriminator's logits swing with the generator's training and ``D(x)`` underflows in 519."""
         if not self._may_drift(s, cur, thaw=True):
             return False
-        reach, need = self._box_reach(s, cur)
-        return reach is not None and reach < need
-
-    @staticmethod
-    def _box_reach(s, cur: Evaluation) -> tuple[float | None, float]:
-        """How far the linear model of the margin falls inside the box, and how far it must fall.
-        A quantity that nears its edge multiplicatively (a softmax output) is judged in log space:
-        in the op's input space a linear model reaches 0 from 1e-3 in one step, and never gets there."""
+        # a quantity that nears its edge multiplicatively (a softmax output) is judged in log space:
+        # in the op's input space a linear model reaches 0 from 1e-3 in one step, and never gets there
         if s.spec.log_space and cur.log_grads is not None and math.isfinite(cur.log_loss):
             g, need = cur.log_grads, cur.log_loss
         else:
             g, need = cur.grads, cur.hard
-        return (None if g is None else box_reach(s.values, g, s.bounds)), need
+        return g is not None and box_reach(s.values, g, s.bounds) < need
 
     def _rides_from_start(self, s, cur: Evaluation) -> bool:
         """The site's first list of proposals failed at its first point (its gradient steps,
@@ -260,28 +248,15 @@ class Adaptive(Strategy):
             return False
         return self._rides_training(s, cur)
 
-    def _rides_at_once(self, s, cur: Evaluation) -> bool:
-        """At the site's first measurement: the program trains, and the edge is out of the box's reach
-        under a linear model that knows something (a nonzero gradient): the site rides the training
-        before any list of proposals, and without a restart (the state is the factory's one training
-        step on this very point, which is what a restart measures). Each proposal of that first list
-        would be a training step on a batch no training sees, taken before the ride (GRIST's VAE ID_35a:
-        the list and the restart were 24 of its 57 steps). A zero gradient (a softmax layer that
-        starts at zero weights) says nothing of the box's reach: the first list's re-measurements are
-        the program's first training steps, after which Polyak steps land in a few (GRIST TF ID_19,
-        ID_25: 7 to 15 steps with the list, 85 to 435 riding at once)."""
-        reach, _ = self._box_reach(s, cur)
-        return bool(reach) and self._rides_from_start(s, cur)
-
     @staticmethod
-    def _start_drift(s, why: str = "box", cur: Evaluation | None = None, restart: bool = True) -> None:
+    def _start_drift(s, why: str = "box", cur: Evaluation | None = None) -> None:
         """``why``: "box" (the edge out of the box's reach: drifting ends once it is within it again),
         or "crawl" (a long run of slow steps: drifting ends only with its patience). A site's first
         drift, in a program that has trained, first measures the program's training from the
         factory's state on the point (:meth:`_restart`)."""
         st = s.strategy_state
         s.thaw()              # a frozen site drifts only where _rides_training thawed it
-        if (RESTART and restart and "drift_why" not in st and cur is not None and cur.seen and math.isfinite(cur.hard)
+        if (RESTART and "drift_why" not in st and cur is not None and cur.seen and math.isfinite(cur.hard)
                 and s.trained and not s.config.search_weights):
             st["restart"] = {"margin": float(cur.hard), "passes": 0}
             st["restart_state"] = s.runner.get_state()
