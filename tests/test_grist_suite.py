@@ -428,3 +428,17 @@ def test_the_long_budget_names_an_unknown_bug_and_exits_2(capsys):
     with pytest.raises(SystemExit) as stop:
         long_budget.main(["--bugs", "ID_0z", "--no-write"])
     assert stop.value.code == 2 and "'ID_0z'" in capsys.readouterr().err
+
+
+def test_a_worker_child_gives_its_last_json_line_or_says_how_it_failed():
+    """``run.json_child``, which the ablation, the long-budget run and GRIST's loop launch their workers
+    with: the last JSON line of a child that exits 0; else None and how it failed (its exit status and
+    last stderr line, or the timeout), so that one child's failure is a row of the report and not a
+    crash of the whole run."""
+    json_child = suite_run.json_child
+    ok, why = json_child([sys.executable, "-c", "print('{\"a\": 1}'); print('noise'); print('{\"a\": 2}')"], 60)
+    assert ok == {"a": 2} and why == ""
+    none, why = json_child([sys.executable, "-c", "import sys; sys.exit('the worker broke')"], 60)
+    assert none is None and why == "exit 1: the worker broke"
+    none, why = json_child([sys.executable, "-c", "import time; time.sleep(30)"], 1)
+    assert none is None and why == "timed out after 1 s"

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -172,16 +171,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_worker(json.loads(args.worker))))
         return 0
 
-    import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
     from benchmarks._results import table, write_section
-    from benchmarks.grist_suite.run import pick
+    from benchmarks.grist_suite.run import json_child, pick
     from benchmarks.grist_suite.subjects_tf import SUBJECTS
 
     subjects = pick([s for s in SUBJECTS if s.runnable], args.subjects)
-    env = dict(os.environ, OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1",
-               TF_CPP_MIN_LOG_LEVEL="3", PYTHONHASHSEED="0")
 
     def one(subject) -> tuple:
         its = min(args.iterations, subject.budget(args.iterations))
@@ -191,12 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.report_only:
             return subject, {b.id: {"error": "not run"} for b in subject.bugs}
         task = json.dumps({"subject": subject.id, "iterations": its})
-        proc = subprocess.run([sys.executable, __file__, "--worker", task], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=3600)
-        try:
-            res = json.loads(proc.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            res = {b.id: {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]} for b in subject.bugs}
+        # a child that fails or runs past the hour is a row saying so, not a crash of the whole run
+        res, failure = json_child([sys.executable, __file__, "--worker", task], timeout=3600)
+        if res is None:
+            res = {b.id: {"error": failure[:200]} for b in subject.bugs}
         else:
             cached.parent.mkdir(parents=True, exist_ok=True)
             cached.write_text(json.dumps(res))
