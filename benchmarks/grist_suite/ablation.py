@@ -67,6 +67,13 @@ def find_bug(bug_id: str):
     return None
 
 
+def require_bugs(ap: argparse.ArgumentParser, bugs: list[str]) -> None:
+    """Exit 2 (``ap.error``) naming every id in ``bugs`` that is no bug of the suite's registries."""
+    unknown = [bug for bug in bugs if find_bug(bug) is None]
+    if unknown:
+        ap.error(f"--bugs: no bug {', '.join(map(repr, unknown))} in the suite's registries (ids such as ID_48a)")
+
+
 # ----------------------------------------------------------------------------- worker (child process)
 def worker(task: dict) -> dict:
     os.chdir(ROOT)
@@ -212,9 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker)), default=str))
         return 0
-    unknown = [bug for bug in args.bugs if find_bug(bug) is None]
-    if unknown:
-        ap.error(f"--bugs: no bug {', '.join(map(repr, unknown))} in the suite's registries (ids such as ID_48a)")
+    require_bugs(ap, args.bugs)
     tasks = [{"bug": b, "seed": seed, "arm": arm, "switch": args.switch, "max_steps": args.max_steps}
              for b in args.bugs for seed in args.seeds for arm in ARMS]
     results: dict = {}

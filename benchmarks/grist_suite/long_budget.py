@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.grist_suite import grist_loop, run as suite  # noqa: E402
-from benchmarks.grist_suite.ablation import find_bug  # noqa: E402
+from benchmarks.grist_suite.ablation import find_bug, require_bugs  # noqa: E402
 
 SUITE_BUDGET = 1000
 CACHE = suite.CACHE / "long_budget"
@@ -116,39 +116,39 @@ def _keep(name: str, res: dict) -> None:
     USED.add(path)
 
 
-def run_adaptive(bug_id: str, max_steps: int, timeout: float, rerun: bool, report_only: bool) -> dict:
-    subject, _ = find_bug(bug_id)
-    version = suite.code_version(subject)
-    name = f"{bug_id}-adaptive-{max_steps}-{version}"
+def _kept_or_run(name: str, script: str, task, timeout: float, rerun: bool, report_only: bool,
+                 pick=lambda res: res) -> dict:
+    """The kept result ``name`` (:func:`_kept`), or ``script --worker TASK`` run in a child process and
+    ``pick`` of its result kept; a child that failed is an error, kept nowhere. ``task``: called for the
+    worker's task only when it runs (its launch time is the start of its end-to-end seconds)."""
     kept = _kept(name, rerun, report_only)
     if kept is not None or report_only:
         return kept or {"error": "not run"}
-    task = {"bug": bug_id, "max_steps": max_steps, "code_version": version, "t_launch": time.time(),
-            "cache": str(CACHE)}
-    res, failure = suite.json_child([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(task)],
+    res, failure = suite.json_child([sys.executable, str(Path(script).resolve()), "--worker", json.dumps(task())],
                                     timeout)
     if res is None:
         return {"error": failure}
+    res = pick(res)
     _keep(name, res)
     return res
+
+
+def run_adaptive(bug_id: str, max_steps: int, timeout: float, rerun: bool, report_only: bool) -> dict:
+    subject, _ = find_bug(bug_id)
+    version = suite.code_version(subject)
+    return _kept_or_run(f"{bug_id}-adaptive-{max_steps}-{version}", __file__,
+                        lambda: {"bug": bug_id, "max_steps": max_steps, "code_version": version,
+                                 "t_launch": time.time(), "cache": str(CACHE)},
+                        timeout, rerun, report_only)
 
 
 def run_loop(bug_id: str, iterations: int, timeout: float, rerun: bool, report_only: bool) -> dict:
     subject, _ = find_bug(bug_id)
     if subject.framework != "tensorflow":
         return {"error": "GRIST's loop is re-expressed for the TensorFlow programs only"}
-    name = f"{bug_id}-loop-{iterations}-{grist_loop._version(subject)}"
-    kept = _kept(name, rerun, report_only)
-    if kept is not None or report_only:
-        return kept or {"error": "not run"}
-    task = {"subject": subject.id, "iterations": iterations, "bugs": [bug_id]}
-    res, failure = suite.json_child([sys.executable, str(Path(grist_loop.__file__).resolve()), "--worker",
-                                     json.dumps(task)], timeout)
-    if res is None:
-        return {"error": failure}
-    res = res.get(bug_id, {"error": "no result"})
-    _keep(name, res)
-    return res
+    return _kept_or_run(f"{bug_id}-loop-{iterations}-{grist_loop._version(subject)}", grist_loop.__file__,
+                        lambda: {"subject": subject.id, "iterations": iterations, "bugs": [bug_id]},
+                        timeout, rerun, report_only, pick=lambda res: res.get(bug_id, {"error": "no result"}))
 
 
 # ----------------------------------------------------------------------------- report
@@ -236,9 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_steps < 2:
         ap.error(f"--max-steps: {args.max_steps} is below 2 (GRIST's loop gets half of it, in iterations)")
     bugs = args.bugs or suite_misses()
-    unknown = [b for b in bugs if find_bug(b) is None]
-    if unknown:
-        ap.error(f"--bugs: no bug {', '.join(map(repr, unknown))} in the suite's registries (ids such as ID_48a)")
+    require_bugs(ap, bugs)
     jobs = [(kind, b) for b in bugs for kind in ("adaptive", "loop")]
     adaptive, loop = {}, {}
     t0 = time.time()
