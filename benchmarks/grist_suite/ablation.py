@@ -53,6 +53,9 @@ SWITCHES = {
     "DRIFT_CRAWL": ("fuzz_core.strategies.adaptive", "DRIFT_CRAWL", 24,
                     "a site whose program trains rides the training after 12 slow accepted points in a row (each "
                     "keeping more than half the margin) instead of 24"),
+    "FIRST_CUT": ("fuzz_core.strategies.adaptive", "FIRST_CUT", False,
+                  "a site's first point, in a program that trains, with the edge out of the box's reach under the "
+                  "linear model, rides the training after its full steps, without the shorter steps and sign step"),
 }
 TRAINING_REACHED = ("ID_1", "ID_3", "ID_6", "ID_7", "ID_8", "ID_11a", "ID_11b", "ID_12", "ID_14", "ID_15",
                     "ID_22", "ID_24", "ID_29", "ID_35a", "ID_45b", "ID_48a", "ID_51", "ID_55", "ID_58",

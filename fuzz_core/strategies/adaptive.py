@@ -28,7 +28,9 @@ In a program that trains, the first failed list of a point re-measures that poin
 training steps on the tried batches took back most of the search's progress (a hazard on the
 loss itself, which training lowers), the site goes on from its start state with its training
 steps undone after each step (:meth:`SiteSearch.freeze`); when, from there, no input in the box
-reaches the edge, it thaws and rides the training after all (:data:`THAW`). A site that starts to ride the program's
+reaches the edge, it thaws and rides the training after all (:data:`THAW`). A first point whose edge is out of the
+box's reach under the linear model rides the training once its full steps failed, without the
+shorter steps, the sign step and the mutations (:data:`FIRST_CUT`). A site that starts to ride the program's
 training (:meth:`Adaptive._drift`) first measures one training step from the factory's state on its
 point, and rides from whichever state leaves the lower margin: today's weights were trained on every
 batch the search tried. The ride keeps the randomness the point was measured under (dropout masks,
@@ -97,6 +99,7 @@ RESTART_PASSES = 2       # ... in this many evaluations: the factory's step on t
 THAW = True              # a frozen site with the edge out of the box's reach at the factory's weights rides the training
 QN_DEMOTE = True         # a quasi-Newton step tried first and rejected goes after the Polyak steps until one is accepted
 DRIFT_CRN = True         # a drift (and its restart) keeps the randomness its point was measured under
+FIRST_CUT = True         # a first point whose edge is out of the box's reach skips the shorter steps and sign step
 
 
 class Adaptive(Strategy):
@@ -491,6 +494,11 @@ class Adaptive(Strategy):
             qn = quasi_newton_step(st, s, cur)
             if qn is not None:
                 yield "qn", qn
+        if full and FIRST_CUT and self._rides_from_start(s, cur):
+            # the first point, in a program that trains, with its edge out of the box's reach: the full steps
+            # (box corners, on which the program trains too) were tried; shorter steps along the first one
+            # and a sign step reach the edge no better, and each costs a training step the ride would use
+            return
         if full:                                   # backtrack along the first step's direction
             first = full[next(iter(full))]
             for t in BACKTRACK:
