@@ -303,3 +303,30 @@ def test_a_drift_keeps_the_randomness_its_point_was_measured_under():
     riding = [seed for event, seed in seeds if event in ("restart", "drift")]
     assert len(riding) > 10, "it rides the training"
     assert len(set(riding)) == 1, "one draw of the program's randomness for the whole ride"
+
+
+def test_a_list_of_mutations_proposes_each_batch_once(monkeypatch):
+    """PyTorch ID_12's pixels lie in [0, 1]: there ``low``, ``minus_one`` (clipped) and ``zero`` make one
+    batch, ``one`` and ``high`` another, and the probe's list repeats the early kinds (``zero``,
+    ``flat``). In a program that trains each repeat cost a step and a training step on a batch already
+    measured from this point. The list proposes each batch once, and every batch it proposed before."""
+    import numpy as np
+
+    from fuzz_core.strategies import adaptive
+
+    runner, site = _site(ID_12, "torch")
+    s = SiteSearch(runner, site, SearchConfig(strategy="adaptive", max_steps=100, seed=0, reach_steps=0))
+    s.run(1)
+    cur = s.cache["current"]
+    kinds = adaptive.EARLY_MUTATIONS + adaptive.MUTATIONS
+
+    def batches():
+        return [b"".join(np.ascontiguousarray(x[k]).tobytes() for k in sorted(x))
+                for _, x in adaptive.Adaptive()._mutations(s, cur, kinds)]
+
+    once = batches()
+    monkeypatch.setattr(adaptive, "DEDUPE", False)
+    every = batches()
+    assert len(every) > len(set(every)), "the case: kinds that make the same batch in this box"
+    assert len(once) == len(set(once)) and set(once) == set(every)
+    assert once == list(dict.fromkeys(every)), "in the list's order, each at its first place"

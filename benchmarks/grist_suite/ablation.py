@@ -56,6 +56,9 @@ SWITCHES = {
     "FIRST_CUT": ("fuzz_core.strategies.adaptive", "FIRST_CUT", False,
                   "a site's first point, in a program that trains, with the edge out of the box's reach under the "
                   "linear model, rides the training after its full steps, without the shorter steps and sign step"),
+    "DEDUPE": ("fuzz_core.strategies.adaptive", "DEDUPE", False,
+               "a list of mutations proposes each batch once: kinds that make the same batch in the box (in [0, 1], "
+               "zero, low and minus_one; one and high) and the probe's repeats of the early kinds are skipped"),
 }
 TRAINING_REACHED = ("ID_1", "ID_3", "ID_6", "ID_7", "ID_8", "ID_11a", "ID_11b", "ID_12", "ID_14", "ID_15",
                     "ID_22", "ID_24", "ID_29", "ID_35a", "ID_45b", "ID_48a", "ID_51", "ID_55", "ID_58",

@@ -44,6 +44,7 @@ random numbers), drawn anew at each refresh.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import zlib
 from typing import Iterator
@@ -99,6 +100,7 @@ RESTART_PASSES = 2       # ... in this many evaluations: the factory's step on t
 THAW = True              # a frozen site with the edge out of the box's reach at the factory's weights rides the training
 QN_DEMOTE = True         # a quasi-Newton step tried first and rejected goes after the Polyak steps until one is accepted
 DRIFT_CRN = True         # a drift (and its restart) keeps the randomness its point was measured under
+DEDUPE = True            # a list of mutations proposes each batch once (kinds that coincide in the box, repeats)
 FIRST_CUT = True         # a first point whose edge is out of the box's reach skips the shorter steps and sign step
 
 
@@ -542,6 +544,7 @@ class Adaptive(Strategy):
         rows = self._weakest_rows(s, cur)
         inputs = [k for k in s.searched if not k.startswith(WEIGHT_PREFIX)]
         salt = -1         # a jitter's seed: its place among the kinds that mutate inputs
+        seen: set[bytes] = set()
         for kind in kinds:
             if kind == "support":
                 x_new = _zero_support(s, cur)
@@ -559,6 +562,16 @@ class Adaptive(Strategy):
                     x_new[key] = mutated.astype(value.dtype)
                     changed = True
             if changed:
+                # in a [0, 1] box "low", "minus_one" and "zero" are one batch, "one" and "high" another, and
+                # the probe's list repeats the early kinds: a batch already proposed from this point measures
+                # nothing new (in a program that trains, it costs a training step on it too)
+                digest = hashlib.blake2b(digest_size=16)
+                for k in inputs:
+                    digest.update(np.ascontiguousarray(x_new[k]).tobytes())
+                key = digest.digest()
+                if DEDUPE and key in seen:
+                    continue
+                seen.add(key)
                 yield label, x_new
 
     def _weakest_rows(self, s, cur: Evaluation) -> list[int]:
