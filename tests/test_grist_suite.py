@@ -269,6 +269,21 @@ def test_report_only_reads_the_committed_record_when_the_cache_has_no_result(tmp
     assert suite_run.newest_cached(task, record) == newer
 
 
+def test_the_record_keeps_no_path_of_the_machine_that_ran_it(tmp_path):
+    """A ``--cache`` outside the repository leaves absolute finding folders in the results: the record
+    names them from the cache's ``findings/`` on; a folder inside the repository keeps its path."""
+    outside = str(tmp_path / "c" / "findings" / "torch-id26-adaptive-1000" / "grist-id26-log-ab")
+    inside = "benchmarks/grist_suite/.cache/findings/torch-id26-adaptive-1000/grist-id26-log-cd"
+    res = _result(dict(_site(_marked(), 4), finding=outside), dict(_site(_marked(), 5), finding=inside))
+    task = {"key": "torch-id26", "strategy": "adaptive", "max_steps": 1000, "seed": 1}
+    suite_run.keep(task, res, tmp_path / "record")
+    kept = (tmp_path / "record" / "torch-id26-adaptive-1000-s1.json").read_text()
+    sites = json.loads(kept)["groups"][0]["sites"]
+    assert sites[0]["finding"] == "<cache>/findings/torch-id26-adaptive-1000/grist-id26-log-ab"
+    assert sites[1]["finding"] == inside and str(tmp_path) not in kept
+    assert res["groups"][0]["sites"][0]["finding"] == outside          # the result itself is left alone
+
+
 def test_the_suite_campaign_file_is_the_registries_and_loads():
     """campaigns/grist_suite.yaml is generated from the registries (stale if they changed) and
     is a valid campaign: every entry exists, every target named once."""

@@ -381,6 +381,27 @@ def newest_cached(task: dict[str, Any], record: Path | None = None) -> Path | No
     return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
 
 
+def portable(res: dict[str, Any]) -> dict[str, Any]:
+    """``res`` as the committed record keeps it: a finding folder written outside the repository (a
+    ``--cache`` elsewhere) is named from its cache's ``findings/`` folder on, as ``<cache>/findings/...``,
+    so that no path of the machine that ran it goes into the repository."""
+    out = json.loads(json.dumps(res))
+    for group in out.get("groups", []):
+        for site in group.get("sites", []):
+            where = site.get("finding")
+            if isinstance(where, str) and Path(where).is_absolute():
+                head, sep, tail = where.partition("/findings/")
+                site["finding"] = f"<cache>/findings/{tail}" if sep else f"<cache>/{Path(where).name}"
+    return out
+
+
+def keep(task: dict[str, Any], res: dict[str, Any], record: Path | None = None) -> None:
+    """Write one task's result to the committed record (:func:`portable`)."""
+    path = record_path(task, record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(portable(res), indent=1, sort_keys=True) + "\n")
+
+
 def write_record(tasks: list[dict[str, Any]], results: dict[tuple, dict], record: Path | None = None) -> int:
     """Keep the result of every task that has one in the committed record; the number written."""
     n = 0
@@ -388,9 +409,7 @@ def write_record(tasks: list[dict[str, Any]], results: dict[tuple, dict], record
         res = results.get((task["key"], task["strategy"]))
         if res is None or "crash" in res:
             continue
-        path = record_path(task, record)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
+        keep(task, res, record)
         n += 1
     return n
 
