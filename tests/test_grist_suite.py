@@ -445,6 +445,30 @@ def test_the_long_budget_names_an_unknown_bug_and_exits_2(capsys):
     assert stop.value.code == 2 and "'ID_0z'" in capsys.readouterr().err
 
 
+# ---------------------------------------------------------------- the headline at several seeds
+def test_the_seeds_section_takes_random_hard_from_the_suites_random_and_counts_a_miss_as_the_budget():
+    from benchmarks.grist_suite import seeds
+
+    key = suite_run.subject_key(SUBJECT)
+    found, missed = _result(_site(_marked(), 4)), _result(_site(_marked(), 7, fresh=False))
+    text = seeds.report([SUBJECT], {(key, 0): found, (key, 1): missed}, {key: _result()}, [0, 1])
+    assert "| 0 | 1/1 | 4 | 4 | 1 of 1 | 250.0x |" in text
+    assert "| 1 | 0/1 | 1000 | 1000 | 0 of 1 | 1.0x |" in text      # a replay that failed is a miss
+    assert "Found at some seeds only: ID_26 (seed 0)." in text and "| ID_26 | 4 | - |" in text
+    assert "findings that fail a fresh replay: 1 (ID_26 adaptive log@" in text and " seed 1)" in text
+    # random triggers it within 100 steps: not random-hard, so no median and no row
+    easy = seeds.report([SUBJECT], {(key, 0): found, (key, 1): found}, {key: _result(_site(_marked(), 2))}, [0, 1])
+    assert "| 0 | 1/1 | - | - | 0 of 0 | - |" in easy and "| ID_26 |" not in easy
+
+
+def test_the_seeds_script_rejects_a_repeated_seed(capsys):
+    from benchmarks.grist_suite import seeds
+
+    with pytest.raises(SystemExit) as exc:
+        seeds.main(["--seeds", "0", "0", "--report-only", "--no-write"])
+    assert exc.value.code == 2 and "--seeds" in capsys.readouterr().err
+
+
 def test_a_worker_child_gives_its_last_json_line_or_says_how_it_failed():
     """``run.json_child``, which the ablation, the long-budget run and GRIST's loop launch their workers
     with: the last JSON line of a child that exits 0; else None and how it failed (its exit status and
