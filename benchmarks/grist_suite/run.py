@@ -301,6 +301,15 @@ def worker(task: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- driver
+def make_task(subject: Subject, strategy: str, max_steps: int, seed: int, cache: str | Path,
+              version: str) -> dict[str, Any]:
+    """One (subject, strategy, budget, seed) for a worker process; ``version``: the subject's
+    :func:`code_version` (hashed once per subject by the caller)."""
+    return {"key": subject_key(subject), "framework": subject.framework, "subject": subject.id,
+            "strategy": strategy, "max_steps": subject.budget(max_steps), "seed": seed, "code_version": version,
+            "cache": Path(cache).as_posix(), "groups": groups(subject)}
+
+
 def result_stem(task: dict[str, Any]) -> str:
     """A (subject, strategy, budget, seed)'s name in the cache (before its code version) and the record."""
     return f"{task['key']}-{task['strategy']}-{task['max_steps']}-s{task['seed']}"
@@ -809,11 +818,7 @@ def main(argv: list[str] | None = None) -> int:
         if not subj.runnable:
             continue
         version = code_version(subj)
-        for st in args.strategies:
-            tasks.append({"key": subject_key(subj), "framework": subj.framework, "subject": subj.id, "strategy": st,
-                          "max_steps": subj.budget(args.max_steps), "seed": args.seed, "code_version": version,
-                          "cache": Path(args.cache).as_posix(),
-                          "groups": groups(subj)})
+        tasks += [make_task(subj, st, args.max_steps, args.seed, args.cache, version) for st in args.strategies]
     t0 = time.time()
     results = run_all(tasks, args.jobs, args.timeout, args.rerun, args.report_only)
     print(f"done in {time.time() - t0:.0f} s", flush=True)

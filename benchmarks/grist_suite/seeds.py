@@ -46,12 +46,6 @@ def runnable_subjects() -> list:
     return [s for s in subjects if s.runnable]
 
 
-def task_for(subject, strategy: str, seed: int, cache: str) -> dict:
-    return {"key": suite.subject_key(subject), "framework": subject.framework, "subject": subject.id,
-            "strategy": strategy, "seed": seed, "max_steps": subject.budget(SUITE_BUDGET),
-            "code_version": suite.code_version(subject), "cache": cache, "groups": suite.groups(subject)}
-
-
 def current(task: dict) -> dict | None:
     """The task's result at the current code: in the cache, or in the committed record."""
     for path in (suite.cache_path(task), suite.record_path(task)):
@@ -169,10 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--seeds: {args.seeds} must be distinct seeds >= 0")
     os.chdir(ROOT)
     subjects = runnable_subjects()
-    tasks = [task_for(s, "adaptive", seed, args.cache) for s in subjects for seed in args.seeds]
+    versions = {suite.subject_key(s): suite.code_version(s) for s in subjects}
+    tasks = [suite.make_task(s, "adaptive", SUITE_BUDGET, seed, args.cache, versions[suite.subject_key(s)])
+             for s in subjects for seed in args.seeds]
     random_s0 = {}
     for s in subjects:
-        res = newest(task_for(s, "random", 0, args.cache))
+        res = newest(suite.make_task(s, "random", SUITE_BUDGET, 0, args.cache, versions[suite.subject_key(s)]))
         if res is None:
             print(f"no result of the suite's random column for {suite.subject_key(s)}: run "
                   "benchmarks/grist_suite/run.py first", file=sys.stderr)
@@ -181,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     results = collect(tasks, args.jobs, args.timeout, args.rerun, args.report_only)
     print(f"done in {time.time() - t0:.0f} s", flush=True)
-    same = not args.report_only and all(current(t) is not None for t in tasks)
-    body = report(subjects, results, random_s0, args.seeds, same_code=same)
+    # outside --report-only every result is at the current code: found so by current(), or run now
+    body = report(subjects, results, random_s0, args.seeds, same_code=not args.report_only)
     print(body)
     if not args.no_write:
         from benchmarks._results import write_section
