@@ -31,3 +31,19 @@ def ray_session():
                  configure_logging=False, _node_ip_address="127.0.0.1")   # loopback only
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def short_pretraining(tmp_path, monkeypatch):
+    """A GRIST suite bug's factory arguments with the program's own training before the search cut
+    to 2 steps (the VAE sqrt entries train 27,500 first: minutes, where a test checks structure),
+    its trained weights kept in a temporary folder instead of the suite's cache."""
+    monkeypatch.setenv("GRIST_SUITE_PRETRAINED", str(tmp_path / "pretrained"))
+
+    def short(args: dict) -> dict:
+        args = dict(args)
+        if "pretrain_steps" in args:
+            args["pretrain_steps"] = min(2, int(args["pretrain_steps"]))
+        return args
+
+    return short

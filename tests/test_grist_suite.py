@@ -91,12 +91,12 @@ def test_factories_name_their_arguments_and_their_source():
 
 
 @pytest.mark.parametrize("subject,bug", RUNNABLE_BUGS)
-def test_factory_builds_and_its_program_runs_on_a_sampled_batch(subject: Subject, bug: Bug):
+def test_factory_builds_and_its_program_runs_on_a_sampled_batch(subject: Subject, bug: Bug, short_pretraining):
     """The factory builds, its sample honours the contract, the program runs unmodified on it, and
     the op at fault is one of the sites the engine discovers, on the marked line."""
     from fuzz_core.engine import TargetSpec, build_runner, discover_sites
 
-    spec = TargetSpec(f"grist-id{subject.id:02d}", bug.entry, dict(bug.args), framework=subject.framework)
+    spec = TargetSpec(f"grist-id{subject.id:02d}", bug.entry, short_pretraining(bug.args), framework=subject.framework)
     runner = build_runner(spec)
     batch = runner.target.check_batch(runner.target.sample(np.random.default_rng(1)))
     for name in runner.target.search:
@@ -481,3 +481,13 @@ def test_a_worker_child_gives_its_last_json_line_or_says_how_it_failed():
     assert none is None and why == "exit 1: the worker broke"
     none, why = json_child([sys.executable, "-c", "import time; time.sleep(30)"], 1)
     assert none is None and why == "timed out after 1 s"
+
+
+def test_a_programs_suite_imports_outside_its_folder_are_in_its_code_version():
+    """A VAE program imports ``benchmarks.grist_suite.pretrained`` (its training before the search):
+    that module is part of what its results depend on; a program importing only its folder's helpers
+    adds nothing (its results keep their hash)."""
+    vae = ROOT / "benchmarks/grist_suite/tf_programs/id35_nikolenko_ch10_04_01.py"
+    assert suite_run.suite_imports(vae) == [ROOT / "benchmarks/grist_suite/pretrained.py"]
+    assert suite_run.suite_imports(ROOT / "benchmarks/grist_suite/tf_programs/id03_github_ips9.py") == []
+    assert suite_run.suite_imports(ROOT / "benchmarks/grist_suite/torch_programs/id26_logistic_regression.py") == []

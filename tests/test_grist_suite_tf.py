@@ -83,7 +83,7 @@ def test_factories_name_their_arguments():
 
 @pytest.mark.parametrize("key", [pytest.param(k, marks=pytest.mark.slow) if _target_id(k) in SMALLER else k
                                  for k in TARGETS], ids=[_target_id(k) for k in TARGETS])
-def test_factory_builds_runs_and_its_sites_sit_on_the_marked_lines(key):
+def test_factory_builds_runs_and_its_sites_sit_on_the_marked_lines(key, short_pretraining):
     from fuzz_core import GraphTarget
     from fuzz_core.backends import load_backend
     from fuzz_core.backends.base import RunnerOptions
@@ -91,7 +91,7 @@ def test_factory_builds_runs_and_its_sites_sit_on_the_marked_lines(key):
     from fuzz_core.loader import call_factory, load_factory
 
     entry, args = key
-    target = call_factory(load_factory(entry, ROOT), 0, {**dict(args), **SMALLER.get(_target_id(key), {})})
+    target = call_factory(load_factory(entry, ROOT), 0, {**short_pretraining(dict(args)), **SMALLER.get(_target_id(key), {})})
     assert isinstance(target, GraphTarget)
     batch = target.sample(np.random.default_rng(7))
     again = target.sample(np.random.default_rng(7))
@@ -133,3 +133,42 @@ def test_grists_own_loop_drives_a_program_to_a_non_finite_loss_and_keeps_its_out
 
     other = next(s for s in SUBJECTS if s.id == 21)
     assert gl._version(subject) != gl._version(other) and gl._version(subject) == gl._version(subject)
+
+
+def test_a_program_trained_before_the_search_is_trained_once_and_every_build_loads_it(tmp_path, monkeypatch):
+    """GRIST's VAE sqrt entries train 27,500 steps before their search: ``pretrained.pretrain`` trains
+    once, keeps the variables (the optimizer's slots too) under a key of the graph, the steps and the
+    seed, and every later build (the search's, each fresh replay's) loads them; a file that cannot be
+    read is trained anew and written whole."""
+    from benchmarks.grist_suite import pretrained
+    from benchmarks.grist_suite.tf_programs import id35_nikolenko_ch10_04_01 as vae
+
+    def variables(target):
+        graph = target.session.graph
+        return sorted(graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES), key=lambda v: v.name)
+
+    monkeypatch.setenv("GRIST_SUITE_PRETRAINED", str(tmp_path))
+    args = {"variant": "sqrt", "n_z": 2, "pretrain_steps": 3}
+    first = vae.make_target(**args)
+    files = list(tmp_path.glob("*.npz"))
+    assert len(files) == 1 and files[0].stem == pretrained.key(first.session.graph, 3, 0)
+    assert pretrained.key(first.session.graph, 4, 0) != files[0].stem != pretrained.key(first.session.graph, 3, 1)
+    trained = first.session.run(variables(first))
+    untrained = vae.make_target(**{**args, "pretrain_steps": 0})
+    assert not np.array_equal(untrained.session.run(variables(untrained))[0], trained[0])
+    assert len(list(tmp_path.glob("*.npz"))) == 1          # no training, nothing kept
+
+    with np.load(files[0]) as saved:
+        altered = {name: saved[name] for name in saved.files}
+    altered["v0"] = altered["v0"] + 1.0
+    np.savez(files[0], **altered)
+    second = vae.make_target(**args)
+    np.testing.assert_array_equal(second.session.run(variables(second)[0]), altered["v0"])   # loaded, not trained
+
+    files[0].write_bytes(b"not an archive")
+    third = vae.make_target(**args)
+    for a, b in zip(trained, third.session.run(variables(third))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    with np.load(files[0]) as saved:
+        assert len(saved.files) == len(trained)
+    assert not list(tmp_path.glob("*.tmp.npz"))

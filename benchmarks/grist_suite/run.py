@@ -112,6 +112,16 @@ def engine_revision() -> str:
     return head + ("+uncommitted fuzz_core changes" if dirty else "")
 
 
+def suite_imports(program: Path) -> list[Path]:
+    """The suite's modules a program imports from outside its folder (``benchmarks.grist_suite.pretrained``)."""
+    found = []
+    for name in re.findall(r"^from (benchmarks\.grist_suite\.[\w.]+) import", program.read_text(), re.M):
+        path = ROOT.joinpath(*name.split(".")).with_suffix(".py")
+        if path.parent != program.parent and path.is_file():
+            found.append(path)
+    return found
+
+
 def code_version(subject: Subject) -> str:
     """A hash of what a result depends on: the engine's sources, the subject's files and record."""
     h = hashlib.sha1(RUNNER_VERSION.encode())
@@ -120,6 +130,7 @@ def code_version(subject: Subject) -> str:
         path = ROOT / g["entry"].split(":", 1)[0]
         files.append(path)
         files.extend(sorted(p for p in path.parent.glob("_*.py")))   # the programs' shared helpers
+        files.extend(q for q in suite_imports(path) if q not in files)
     for path in files:
         h.update(str(path.relative_to(ROOT)).encode())
         h.update(path.read_bytes())

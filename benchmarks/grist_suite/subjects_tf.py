@@ -32,18 +32,24 @@ def _one(sid: int, name: str, module: str, op: str = "log", data: str = MNIST, n
                    max_steps=max_steps)
 
 
-def _variants(sid: int, name: str, module: str, bugs: list[tuple[str, str, str]], data: str = MNIST,
+def _variants(sid: int, name: str, module: str, bugs: list[tuple[str, str, str | dict]], data: str = MNIST,
               note: str = "", search_weights: bool = False) -> Subject:
-    """A subject whose bugs each need one variant of the program: ``(letter, op, variant)``."""
+    """A subject whose bugs each need one variant of the program: ``(letter, op, variant)``, the variant a
+    name or the factory's whole arguments (GRIST's entry file configured the program its own way)."""
     entry = _entry(module)
     return Subject(sid, name, "tensorflow", data=data, bugs=tuple(
-        Bug(f"ID_{sid}{letter}", op, entry, args={"variant": variant} if variant else {}, note=note,
-            search_weights=search_weights)
+        Bug(f"ID_{sid}{letter}", op, entry, note=note, search_weights=search_weights,
+            args=dict(variant) if isinstance(variant, dict) else {"variant": variant} if variant else {})
         for letter, op, variant in bugs))
 
 
 _VAE_NOTE = ("b: the sqrt's forward value stays finite (exp underflows to 0 on a CPU that flushes denormals); "
-             "NaN arises in the backward pass and the Adam update")
+             "NaN arises in the backward pass and the Adam update. b is searched as GRIST's entry "
+             "(*_sqrt_grist.py) ran it: n_z = 2 (ID_35's original has 20) and the program's own training "
+             "first, 50 epochs of MNIST's 55,000 images in batches of 100 (27,500 Adam steps)")
+# the VAE chapters' sqrt entries: ``w, n_input, n_z = {}, image_size, 2`` and ``train(sess, training_epochs=50, ...)``,
+# whose loop trains int(55000 / 100) batches an epoch before GRIST's search begins
+VAE_SQRT = {"variant": "sqrt", "n_z": 2, "pretrain_steps": 50 * (55000 // 100)}
 
 SUBJECTS: list[Subject] = [
     _one(1, "GitHub-IPS-1", "id01_github_ips1",
@@ -84,11 +90,11 @@ SUBJECTS: list[Subject] = [
     _one(31, "GAN_MNIST", "id31_gan_mnist", data=MNIST_SIGNED,
          note="two Adam optimizers grouped in one train op; dropout (keep 0.3) inside the graph"),
     _variants(35, "deep_learning_Nikolenko_and_Co.ch10_04_01", "id35_nikolenko_ch10_04_01",
-              [("a", "log", "log"), ("b", "sqrt", "sqrt")], note=_VAE_NOTE),
+              [("a", "log", "log"), ("b", "sqrt", VAE_SQRT)], note=_VAE_NOTE),
     _variants(36, "deep_learning_Nikolenko_and_Co.ch10_04_03_Pic_10_05", "id36_nikolenko_ch10_04_03",
-              [("a", "log", "log"), ("b", "sqrt", "sqrt")], note=_VAE_NOTE),
+              [("a", "log", "log"), ("b", "sqrt", VAE_SQRT)], note=_VAE_NOTE),
     _variants(39, "deep_learning_Nikolenko_and_Co.ch10_04_04_Pic_10_06", "id39_nikolenko_ch10_04_04",
-              [("a", "log", "log"), ("b", "sqrt", "sqrt")], note=_VAE_NOTE),
+              [("a", "log", "log"), ("b", "sqrt", VAE_SQRT)], note=_VAE_NOTE),
     _one(40, "ml_plactice.bmi", "id40_ml_plactice_bmi",
          data="bmi.csv stand-in: heights 120..200 cm, weights 35..80 kg, BMI classes (synthesised)"),
     _one(41, "ml_plactice.tb_bmi", "id41_ml_plactice_tb_bmi",
@@ -96,13 +102,13 @@ SUBJECTS: list[Subject] = [
     _one(42, "ml_plactice.tb_bmi2", "id42_ml_plactice_tb_bmi2",
          data="bmi.csv stand-in: heights 120..200 cm, weights 35..80 kg, BMI classes (synthesised)"),
     _variants(43, "deep_learning_Nikolenko_and_Co.ch10_04_05_Pic_10_07", "id43_nikolenko_ch10_04_05",
-              [("a", "log", "log"), ("b", "sqrt", "sqrt")], note=_VAE_NOTE),
+              [("a", "log", "log"), ("b", "sqrt", VAE_SQRT)], note=_VAE_NOTE),
     _one(44, "CNNRelationExtraction", "id44_cnn_relation_extraction", note="dropout (keep 0.5) inside the graph"),
     _variants(45, "DataStructure", "id45_data_structure", [("a", "log", "softmax"), ("b", "log", "cnn")]),
     _variants(48, "Dive_python", "id48_dive_python", [("a", "log", "deep"), ("b", "log", "easy")],
               note="a: input noise and dropout (keep 0.75) drawn inside the graph"),
     _variants(49, "deep_learning_Nikolenko_and_Co.ch10_04_06_Pic_10_08", "id49_nikolenko_ch10_04_06",
-              [("a", "log", "log"), ("b", "sqrt", "sqrt")], note=_VAE_NOTE),
+              [("a", "log", "log"), ("b", "sqrt", VAE_SQRT)], note=_VAE_NOTE),
     _one(50, "ImportantProjects", "id50_important_projects"),
     _one(52, "karch", "id52_karch"),
     _one(55, "practice", "id55_practice", note="dropout (keep 0.5) inside the graph"),
