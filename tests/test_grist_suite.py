@@ -452,13 +452,17 @@ def test_the_seeds_section_takes_random_hard_from_the_suites_random_and_counts_a
     key = suite_run.subject_key(SUBJECT)
     found, missed = _result(_site(_marked(), 4)), _result(_site(_marked(), 7, fresh=False))
     text = seeds.report([SUBJECT], {(key, 0): found, (key, 1): missed}, {key: _result()}, [0, 1])
-    assert "| 0 | 1/1 | 4 | 4 | 1 of 1 | 250.0x |" in text
-    assert "| 1 | 0/1 | 1000 | 1000 | 0 of 1 | 1.0x |" in text      # a replay that failed is a miss
+    assert "| 0 | 1/1 | 4 | 4 | 1 of 1 | 250.0x | 250.0x |" in text     # no grist results: its budget
+    assert "| 1 | 0/1 | 1000 | 1000 | 0 of 1 | 1.0x | 1.0x |" in text      # a replay that failed is a miss
+    # grist's median at seed 0 divides adaptive's at each seed, as random's does
+    by_grist = seeds.report([SUBJECT], {(key, 0): found, (key, 1): found}, {key: _result()}, [0, 1],
+                            grist_s0={key: _result(_site(_marked(), 200))})
+    assert "| 0 | 1/1 | 4 | 4 | 1 of 1 | 250.0x | 50.0x |" in by_grist and "(1000 and 200 steps)" in by_grist
     assert "Found at some seeds only: ID_26 (seed 0)." in text and "| ID_26 | 4 | - |" in text
     assert "findings that fail a fresh replay: 1 (ID_26 adaptive log@" in text and " seed 1)" in text
     # random triggers it within 100 steps: not random-hard, so no median and no row
     easy = seeds.report([SUBJECT], {(key, 0): found, (key, 1): found}, {key: _result(_site(_marked(), 2))}, [0, 1])
-    assert "| 0 | 1/1 | - | - | 0 of 0 | - |" in easy and "| ID_26 |" not in easy
+    assert "| 0 | 1/1 | - | - | 0 of 0 | - | - |" in easy and "| ID_26 |" not in easy
 
 
 def test_the_seeds_script_rejects_a_repeated_seed(capsys):

@@ -6,16 +6,16 @@
 The suite's section (``run.py``) is one run, seed 0. A bug that only the program's own training
 reaches is found at a step that depends on the whole training history the search rode, and that
 history depends on the seed: the three-seed ablations saw one such bug take 141 to 641 steps. So
-the headline (bugs found, the random-hard median, its ratio to the budget) is measured here at each
+the headline (bugs found, the random-hard median, its ratios to ``random``'s and ``grist``'s) is measured here at each
 seed in ``--seeds``, with ``adaptive`` over every runnable subject at the suite's budget (1000 steps
 per op site). The seed is the suite's ``--seed``: it builds the program (its initial weights, its
 data draws, its dropout) and seeds the search, so each seed is another instance of the same 63
 programs.
 
 The random-hard bugs are the suite's: those its ``random`` column (seed 0, the newest result of any
-code) does not trigger within 100 steps. ``random`` and ``grist`` are not rerun at the other seeds:
-``random`` took 133 process-minutes for one seed, and at seed 0 both strategies' random-hard medians
-are their budget, 1000 steps, so the ratio here is the budget over ``adaptive``'s median.
+code) does not trigger within 100 steps. ``random`` and ``grist`` are not rerun at the other seeds
+(``random`` took 133 process-minutes for one seed): the ratios divide their medians on those bugs at seed
+0 by ``adaptive``'s median at each seed.
 
 Each (subject, seed) is one child process of ``run.py``'s worker, cached as the suite caches
 (``--cache``, keyed by the engine's and the subject's code); a result of the committed record
@@ -80,9 +80,11 @@ def collect(tasks: list[dict], jobs: int, timeout: float, rerun: bool, report_on
 
 
 def report(subjects: list, results: dict[tuple, dict], random_s0: dict[str, dict], seeds: list[int],
-           same_code: bool = False) -> str:
-    """``same_code``: every result is at the current code (its engine labels may differ: the commit a
-    result was run at, when fuzz_core and the programs hashed the same as now)."""
+           same_code: bool = False, grist_s0: dict[str, dict] | None = None) -> str:
+    """``random_s0``, ``grist_s0``: the suite's results of those strategies at seed 0, by subject key (no
+    ``grist_s0``: its median is taken as the budget). ``same_code``: every result is at the current code
+    (its engine labels may differ: the commit a result was run at, when fuzz_core and the programs hashed
+    the same as now)."""
     from benchmarks._results import table
 
     bugs = [(s, b) for s in subjects for b in s.bugs]
@@ -91,6 +93,12 @@ def report(subjects: list, results: dict[tuple, dict], random_s0: dict[str, dict
     rnd = {b.id: suite.bug_outcome(s, b, random_s0.get(suite.subject_key(s)), s.budget(SUITE_BUDGET))
            for s, b in bugs}
     hard = [b.id for _, b in bugs if not rnd[b.id]["found"] or rnd[b.id]["steps"] > suite.RANDOM_HARD_STEPS]
+    by_id = {b.id: (s, b) for s, b in bugs}
+    theirs = {"random": suite._median([rnd[b]["steps"] for b in hard]), "grist": float(SUITE_BUDGET)}
+    if grist_s0 is not None:
+        theirs["grist"] = suite._median([suite.bug_outcome(by_id[b][0], by_id[b][1],
+                                                           grist_s0.get(suite.subject_key(by_id[b][0])),
+                                                           by_id[b][0].budget(SUITE_BUDGET))["steps"] for b in hard])
     rows, found_at = [], {}
     for seed in seeds:
         found_at[seed] = {b.id for _, b in bugs if o[(b.id, seed)]["found"]}
@@ -99,7 +107,8 @@ def report(subjects: list, results: dict[tuple, dict], random_s0: dict[str, dict
         middle = (f"{steps[k // 2]}" if k % 2 else f"{steps[k // 2 - 1]}, {steps[k // 2]}") if k else "-"
         search = [o[(b.id, seed)]["search_s"] for _, b in bugs if o[(b.id, seed)]["found"]]
         rows.append([seed, f"{len(found_at[seed])}/{len(bugs)}", f"{med:g}" if med is not None else "-", middle,
-                     f"{sum(x <= WITHIN for x in steps)} of {k}", suite._ratio(SUITE_BUDGET, med),
+                     f"{sum(x <= WITHIN for x in steps)} of {k}", suite._ratio(theirs["random"], med),
+                     suite._ratio(theirs["grist"], med),
                      f"{sum(search) / len(search):.2f}" if search else "-"])
     always = set.intersection(*found_at.values())
     ever = set.union(*found_at.values())
@@ -112,13 +121,13 @@ def report(subjects: list, results: dict[tuple, dict], random_s0: dict[str, dict
         "GRIST's op that replays in a fresh rebuild; a miss counts as the budget). The seed builds the program "
         "(initial weights, data draws, dropout) and seeds the search. Random-hard: the suite's "
         f"{len(hard)} (its `random` at seed 0 does not trigger them within {suite.RANDOM_HARD_STEPS} steps); "
-        f"`random` and `grist` are not rerun at other seeds (at seed 0 both medians on these bugs are the "
-        f"budget, {SUITE_BUDGET}), so the ratio is the budget over `adaptive`'s median. "
+        "`random` and `grist` are not rerun at other seeds: the ratios divide their medians on these bugs at "
+        f"seed 0 ({_fmt(theirs['random'])} and {_fmt(theirs['grist'])} steps) by `adaptive`'s at each seed. "
         f"Engine at {', '.join(engines)}"
         + (" (labels of one code: every result's hash of fuzz_core and its program is the current one)"
            if same_code and len(engines) > 1 else "") + ".\n",
         table(["seed", "adaptive found", "random-hard median (steps)", "its middle two", f"within {WITHIN} steps",
-               "budget / median", "search s per found bug"], rows),
+               "random / adaptive", "grist / adaptive", "search s per found bug"], rows),
         f"\nFound at every seed: {len(always)}; at one seed at least: {len(ever)}. Found at some seeds only: "
         + (", ".join(f"{b.id} (seed {', '.join(str(sd) for sd in seeds if b.id in found_at[sd])})"
                      for _, b in bugs if b.id in ever - always) or "none") + ".\n",
@@ -146,6 +155,10 @@ def report(subjects: list, results: dict[tuple, dict], random_s0: dict[str, dict
     return "\n".join(text)
 
 
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:g}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -166,19 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     versions = {suite.subject_key(s): suite.code_version(s) for s in subjects}
     tasks = [suite.make_task(s, "adaptive", SUITE_BUDGET, seed, args.cache, versions[suite.subject_key(s)])
              for s in subjects for seed in args.seeds]
-    random_s0 = {}
+    s0: dict[str, dict] = {"random": {}, "grist": {}}
     for s in subjects:
-        res = newest(suite.make_task(s, "random", SUITE_BUDGET, 0, args.cache, versions[suite.subject_key(s)]))
-        if res is None:
-            print(f"no result of the suite's random column for {suite.subject_key(s)}: run "
-                  "benchmarks/grist_suite/run.py first", file=sys.stderr)
-            return 2
-        random_s0[suite.subject_key(s)] = res
+        for strategy, got in s0.items():
+            res = newest(suite.make_task(s, strategy, SUITE_BUDGET, 0, args.cache, versions[suite.subject_key(s)]))
+            if res is None:
+                print(f"no result of the suite's {strategy} column for {suite.subject_key(s)}: run "
+                      "benchmarks/grist_suite/run.py first", file=sys.stderr)
+                return 2
+            got[suite.subject_key(s)] = res
     t0 = time.time()
     results = collect(tasks, args.jobs, args.timeout, args.rerun, args.report_only)
     print(f"done in {time.time() - t0:.0f} s", flush=True)
     # outside --report-only every result is at the current code: found so by current(), or run now
-    body = report(subjects, results, random_s0, args.seeds, same_code=not args.report_only)
+    body = report(subjects, results, s0["random"], args.seeds, same_code=not args.report_only, grist_s0=s0["grist"])
     print(body)
     if not args.no_write:
         from benchmarks._results import write_section
