@@ -153,7 +153,10 @@ def test_a_first_point_out_of_reach_rides_the_training_without_trying_the_mutati
     full steps: shorter steps along the first one and a sign step reach the edge no better under the
     linear model, and each costs a training step (57 steps with them, 45 without: ``FIRST_CUT``)."""
     pytest.importorskip("tensorflow")
-    runner, site = _site(ID_35, "tensorflow", args={"variant": "log"}, name="grist-id35", line=67)
+    from benchmarks.grist_suite.model import marked_lines
+
+    off = max(marked_lines(ID_35)["ID_35a"])        # log(1e-10 + 1 - p), the second of its two marked lines
+    runner, site = _site(ID_35, "tensorflow", args={"variant": "log"}, name="grist-id35", line=off)
     _, found = _search(runner, site, "adaptive", 1000)
     assert found.status is SiteStatus.FOUND, f"missed in 1000 steps (best {found.best_loss:.1f})"
     events = [p.event for p in found.trace]
