@@ -64,10 +64,12 @@ def _json_default(o: Any) -> Any:
 
 
 def atomic_save_arrays(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
-    """Save NumPy arrays as safetensors (never pickle), atomically."""
+    """Save NumPy arrays as safetensors (never pickle), atomically. Shapes are kept as they are: a 0-d
+    array (an optimizer's step, a scalar parameter or buffer) stays 0-d (``np.ascontiguousarray``
+    would make it shape (1,), and a replay would restore a tensor of another shape)."""
     with _replacing(path) as (fd, tmp):
         os.close(fd)
-        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tmp, metadata=metadata)
+        save_file({k: np.asarray(v, order="C") for k, v in arrays.items()}, tmp, metadata=metadata)
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:

@@ -73,6 +73,33 @@ def test_checkpointed_state_holds_every_optimizer_and_restores_it():
     assert all(np.array_equal(again[k], trained[k]) for k in trained)
 
 
+def test_state_through_a_safetensors_file_keeps_its_0d_tensors_0d(tmp_path):
+    """What a finding folder or a campaign checkpoint keeps: Adam's ``step`` and a BatchNorm's
+    ``num_batches_tracked`` are 0-d tensors, and a replay must restore them 0-d, not shape (1,)."""
+    from fuzz_core.io import atomic_save_arrays, load_arrays
+
+    def target():
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))
+        opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+        return Target(program=lambda b: -torch.log(torch.sigmoid(net(b["x"]))).mean(),
+                      sample=lambda rng: {"x": rng.uniform(-1, 1, (8, 4)).astype(np.float32)},
+                      model=net, optimizer=opt, bounds={"x": (-1.0, 1.0)}, search=["x"])
+
+    runner = TorchRunner("bn", target())
+    _losses(runner, discover_sites(runner, 0)[0], steps=4)
+    trained = runner.get_state()
+    scalars = sorted(k for k, v in trained.items() if np.ndim(v) == 0)
+    assert any(k.endswith("num_batches_tracked") for k in scalars) and any(k.endswith(".step") for k in scalars)
+    atomic_save_arrays(tmp_path / "values.safetensors", trained)
+    loaded = load_arrays(tmp_path / "values.safetensors")
+    assert {k: np.shape(v) for k, v in loaded.items()} == {k: np.shape(v) for k, v in trained.items()}
+    fresh = TorchRunner("bn", target())
+    fresh.set_state(loaded)
+    again = fresh.get_state()
+    assert all(np.shape(again[k]) == np.shape(trained[k]) and np.array_equal(again[k], trained[k]) for k in trained)
+
+
 def test_a_list_of_optimizers_trains_with_the_programs_own_step():
     torch.manual_seed(0)
     net = torch.nn.Linear(4, 1)
