@@ -83,6 +83,47 @@ def test_saved_finding_replays_on_a_fresh_runner(module: Path, tmp_path: Path):
     assert loaded.report["minimised"]["batch_size"] <= loaded.report["minimised"]["original_batch_size"]
 
 
+BF16 = '''
+import numpy as np, torch
+from fuzz_core import Target
+
+def make_target(seed=0):
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(torch.bfloat16)
+    opt = torch.optim.Adam(net.parameters(), lr=0.5)
+    def program(b):                     # a model kept in bfloat16, as pure-bf16 training keeps it
+        return torch.log(torch.sigmoid(net(b["x"].to(torch.bfloat16)))).mean()   # training drives it to 0
+    return Target(program=program, sample=lambda rng: {"x": rng.uniform(-1, 1, (8, 8)).astype(np.float32)},
+                  model=net, optimizer=opt, bounds={"x": (-1.0, 1.0)}, search=["x"])
+'''
+
+
+def test_a_bfloat16_model_is_searched_and_its_finding_replays_with_the_trained_weights(tmp_path: Path):
+    """NumPy has no bfloat16: the model's weights and Adam's moments are kept as float32 (each bf16
+    value is exactly one) and cast back on restore. Before, building the runner raised TypeError
+    ("unsupported ScalarType BFloat16") from CDeepFuzz itself, an internal error on any bf16 model."""
+    import torch
+
+    (tmp_path / "bf16_prog.py").write_text(BF16)
+    spec = TargetSpec("bf16", f"{tmp_path / 'bf16_prog.py'}:make_target")
+    runner = build_runner(spec)
+    site = _site(runner)
+    config = SearchConfig("adaptive", 200)
+    res = search_site(runner, site, config)
+    assert res.candidate is not None, res.trace
+    folder = write_finding(finding_from(runner, spec, site, config, res.candidate, res.seconds), tmp_path / "f")
+    loaded = load_finding(folder)
+    assert loaded.state is not None and loaded.state["model.0.weight"].dtype == np.float32
+    fresh = build_runner(spec)
+    result = confirm(fresh, loaded.site, loaded.inputs, loaded.state, loaded.report["step_seed"])
+    assert confirmed(result, loaded.site)
+    fresh.set_state(loaded.state)
+    weight = fresh.target.model[0].weight
+    assert weight.dtype == torch.bfloat16
+    assert torch.equal(weight.detach(), torch.from_numpy(loaded.state["model.0.weight"]).to(torch.bfloat16))
+    assert torch.equal(weight.detach().float(), torch.from_numpy(loaded.state["model.0.weight"]))   # exact
+
+
 def test_program_that_raises_is_an_error_with_traceback_and_the_run_goes_on(module: Path, tmp_path: Path):
     path = tmp_path / "c.yaml"
     path.write_text(textwrap.dedent(f"""\

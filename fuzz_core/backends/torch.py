@@ -22,7 +22,7 @@ from fuzz_core.backends.base import OpRef
 from fuzz_core.backends.torch_recorder import (
     Recorder, RecordingMode, WatchMode, any_nonfinite, nonfinite, nonfinite_of,
 )
-from fuzz_core.backends.torch_state import TorchState, WriteWatch, is_grad_scaler, storage_of
+from fuzz_core.backends.torch_state import TorchState, WriteWatch, host_array, is_grad_scaler, storage_of
 from fuzz_core.catalogue import DEFAULT_CATALOGUE, Catalogue, log_floor
 from fuzz_core.sites import OpSite, relative_path
 from fuzz_core.target import Target, TargetError
@@ -223,7 +223,7 @@ class TorchRunner(TargetBatches):
         return self.state.optimizers
 
     def weights(self) -> dict[str, np.ndarray]:
-        return {WEIGHT_PREFIX + n: p.detach().cpu().numpy().copy() for n, p in self._params.items()}
+        return {WEIGHT_PREFIX + n: host_array(p) for n, p in self._params.items()}
 
     def get_state(self) -> dict[str, np.ndarray]:
         """Weights, buffers, every other tensor the program holds that changed, and optimizer

@@ -33,6 +33,19 @@ _META = "__meta__"
 SNAPSHOT_LIMIT = 256 << 20   # bytes of tensors outside the model and optimizers kept for resets
 
 
+_NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
+
+
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """A tensor as a NumPy array of its own, on the host. A floating dtype NumPy lacks (bfloat16,
+    the float8 types) comes as float32: each of its values is exactly a float32, and a restore
+    casts it back into the tensor's dtype, so the round trip is exact."""
+    t = t.detach()
+    if t.is_floating_point() and t.dtype not in _NUMPY_FLOATS:
+        t = t.float()
+    return t.cpu().numpy().copy()
+
+
 def _optim_prefix(i: int) -> str:
     """State keys of the i-th optimizer: ``optim.`` for the first (the one-optimizer layout of
     older checkpoints), ``optim1.``, ``optim2.``, ... for the others."""
@@ -250,14 +263,14 @@ class TorchState:
 
     def materialize(self, snap: dict[str, Any]) -> dict[str, np.ndarray]:
         """A :meth:`capture` in the layout of :meth:`get` (NumPy, safetensors-ready)."""
-        state = {k: v.cpu().numpy().copy() for k, v in snap["tensors"].items()}
+        state = {k: host_array(v) for k, v in snap["tensors"].items()}
         for i, sd in enumerate(snap["optim"]):
             prefix = _optim_prefix(i)
             meta = {"param_groups": sd["param_groups"], "scalars": {}}
             for pid, slots in sd["state"].items():
                 for slot, value in slots.items():
                     if isinstance(value, torch.Tensor):
-                        state[f"{prefix}{pid}.{slot}"] = value.cpu().numpy().copy()
+                        state[f"{prefix}{pid}.{slot}"] = host_array(value)
                     else:
                         meta["scalars"][f"{pid}.{slot}"] = value
             state[prefix + _META] = _json_array(meta)
@@ -278,7 +291,7 @@ class TorchState:
                 if k not in keep and size <= budget:
                     keep.add(k)
                     budget -= size
-        state = {k: v.detach().cpu().numpy().copy() for k, v in self.current().items() if k in keep}
+        state = {k: host_array(v) for k, v in self.current().items() if k in keep}
         for i, opt in enumerate(self.optimizers):
             prefix = _optim_prefix(i)
             sd = opt.state_dict()
@@ -286,7 +299,7 @@ class TorchState:
             for pid, slots in sd["state"].items():
                 for slot, value in slots.items():
                     if isinstance(value, torch.Tensor):
-                        state[f"{prefix}{pid}.{slot}"] = value.detach().cpu().numpy().copy()
+                        state[f"{prefix}{pid}.{slot}"] = host_array(value)
                     else:
                         meta["scalars"][f"{pid}.{slot}"] = value
             state[prefix + _META] = _json_array(meta)
