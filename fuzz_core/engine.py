@@ -18,7 +18,7 @@ from fuzz_core.backends.base import CheckResult, Precision, RunnerOptions
 from fuzz_core.findings import Finding, LoadedFinding
 from fuzz_core.loader import call_factory, load_factory
 from fuzz_core.search import Candidate, QuantumResult, SearchConfig, SiteSearch, site_rng
-from fuzz_core.sites import OpSite
+from fuzz_core.sites import OpSite, relocated, site_id
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,43 @@ def confirmed(result: CheckResult, site: OpSite, expected: Any = None) -> bool:
     if own:
         return bool(result.triggered.get(site.key, False))
     return bool(result.event) and (result.phase or "forward") == phase and same_op(result.first_op, first)
+
+
+def moved(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A finding's report with its site's and its first op's locations where their recorded lines of
+    code sit now, and a note per move. An edit elsewhere in the file (a line added above) moves a
+    bug's line without touching it: judged at the old line numbers, its replay would call the bug
+    gone. A location whose line still reads as recorded stays, as does one the finding recorded no
+    code for (findings written before the code was) or whose code no line of the file reads any more."""
+    report, notes = dict(report), []
+    for key in ("site", "first_op"):
+        entry = report.get(key)
+        if not isinstance(entry, dict) or not entry.get("code"):
+            continue
+        old = str(entry.get("location", ""))
+        new = relocated(old, entry["code"])
+        if new is None or new == old:
+            continue
+        entry = {**entry, "location": new, "column": None}
+        if key == "site":
+            entry["id"] = site_id(entry["target"], entry["op"], new, int(entry["occurrence"]))
+            entry.pop("label", None)
+        report[key] = entry
+        notes.append(f"{entry.get('op')} moved from {old} to line {new.rpartition(':')[2]} "
+                     f"(its line of code, {entry['code']!r}, is unchanged)")
+    return report, notes
+
+
+def replay_verdict(result: CheckResult, report: dict[str, Any]) -> tuple[bool, list[str]]:
+    """Does a replay of a saved finding reproduce it (:func:`confirmed`)? Judged at the lines where
+    the finding's code sits now (:func:`moved`); the notes say what moved."""
+    site = OpSite.from_dict(report["site"])
+    if confirmed(result, site, report):
+        return True, []
+    now, notes = moved(report)
+    if notes and confirmed(result, OpSite.from_dict(now["site"]), now):
+        return True, notes
+    return False, []
 
 
 def _expectation(expected: Any) -> tuple[bool, str, Any]:

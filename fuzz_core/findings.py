@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from fuzz_core.io import atomic_save_arrays, atomic_write_json, load_arrays, read_json
-from fuzz_core.sites import OpSite
+from fuzz_core.sites import OpSite, source_line
 
 SCHEMA_VERSION = 1
 REPORT = "finding.json"
@@ -104,10 +104,10 @@ class Finding:
         replay = f"cdeepfuzz replay {folder.as_posix()}" if folder is not None else "cdeepfuzz replay <this folder>"
         return {
             "schema_version": SCHEMA_VERSION,
-            "site": self.site.to_dict(),
+            "site": with_code(self.site.to_dict()),
             "hazard": self.site.hazard,
             "signature": self.signature,
-            "first_op": self.first_op,
+            "first_op": with_code(dict(self.first_op)) if self.first_op else self.first_op,
             "phase": self.phase,
             "site_triggered": self.site_triggered,
             "replays": {"reproduced": int(self.replays[0]), "of": int(self.replays[1])},
@@ -136,6 +136,15 @@ class Finding:
 
     def arrays(self) -> dict[str, np.ndarray]:
         return value_arrays(self.inputs, self.state)
+
+
+def with_code(entry: dict[str, Any]) -> dict[str, Any]:
+    """A site's or first op's dict with ``code``, the line of code its location names: a replay after
+    an edit elsewhere in the file (a line added above) finds the op where that line sits now."""
+    code = source_line(str(entry.get("location", "")))
+    if code is not None:
+        entry["code"] = code
+    return entry
 
 
 def value_arrays(inputs: dict[str, Any], state: dict[str, Any] | None) -> dict[str, np.ndarray]:

@@ -79,6 +79,46 @@ def position_of(entry) -> str:
     return position(str(entry.get("location", "")), column if isinstance(column, int) else None)
 
 
+def _lines_of(location: str) -> tuple[list[str], int] | None:
+    """The lines of the file a ``path:line`` location names (relative to the current directory or a
+    ``sys.path`` root, as :func:`relative_path` made it) and the 1-based line; None when unreadable."""
+    path, _, line = str(location).rpartition(":")
+    if not path or not line.isdigit():
+        return None
+    for root in (os.getcwd(), *sys.path):
+        file = Path(root or ".") / path
+        if file.is_file():
+            try:
+                return file.read_text(encoding="utf-8", errors="replace").splitlines(), int(line)
+            except OSError:
+                return None
+    return None
+
+
+def source_line(location: str) -> str | None:
+    """The code on a location's line as the file reads now (stripped), or None."""
+    got = _lines_of(location)
+    if got is None or not 1 <= got[1] <= len(got[0]):
+        return None
+    return got[0][got[1] - 1].strip() or None
+
+
+def relocated(location: str, code: str | None) -> str | None:
+    """Where the line ``code`` sits now: ``location`` itself while its line still reads ``code``,
+    else the line of the same file that reads it, the nearest to the old one (an edit elsewhere in
+    the file moved it); None when no line of the file reads it (the code itself changed) or it
+    cannot be told (no code recorded, an unreadable file)."""
+    got = _lines_of(location) if code else None
+    if got is None:
+        return None
+    lines, old = got
+    hits = [i + 1 for i, text in enumerate(lines) if text.strip() == code]
+    if not hits:
+        return None
+    best = min(hits, key=lambda n: (abs(n - old), n))
+    return f"{str(location).rpartition(':')[0]}:{best}"
+
+
 class Location(str):
     """A ``path:line`` location that also carries the 1-based column of the call (or None).
 

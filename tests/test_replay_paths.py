@@ -9,6 +9,7 @@ from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_f
 from fuzz_core.findings import write_finding
 from fuzz_core.search import SearchConfig
 from orchestrator.cli import app
+from orchestrator.schemas import validate
 
 
 def _finding(tmp_path: Path) -> Path:
@@ -37,3 +38,55 @@ def test_replay_takes_the_folder_or_its_finding_json_and_names_a_missing_path(tm
     assert result.exit_code == 2 and "not a finding folder" in result.output
     result = CliRunner().invoke(app, ["replay", str(tmp_path)])           # a folder, but not a finding's
     assert result.exit_code == 2 and "not a finding folder" in result.output
+
+
+MOVABLE = '''import numpy as np, torch
+from fuzz_core import Target
+
+
+def make_target(seed=0):
+    torch.manual_seed(seed)
+    net = torch.nn.Linear(4, 3)
+
+    def program(b):
+        p = torch.softmax(net(b["x"]), 1)
+        return -torch.log(p).mean()
+
+    return Target(program=program, sample=lambda rng: {"x": rng.uniform(-1, 1, (4, 4)).astype(np.float32)},
+                  model=net, bounds={"x": (-100.0, 100.0)}, search=["x"])
+'''
+
+
+def test_a_finding_replays_after_an_edit_moved_its_line_and_not_after_its_line_changed(tmp_path: Path, monkeypatch):
+    """The finding keeps its line of code; a replay after lines were added above it judges the op where
+    that line sits now (before: 'NOT reproduced', as if the bug were gone); a changed line is judged
+    as the code now is."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)                       # a user's project: the program under the current folder
+    program = tmp_path / "movable.py"
+    program.write_text(MOVABLE)
+    spec = TargetSpec("movable", "movable.py:make_target", {}, "torch", 0)
+    runner = build_runner(spec)
+    site = next(s for s in discover_sites(runner, 0) if s.op == "log")
+    config = SearchConfig("adaptive", 100, seed=0)
+    result = search_site(runner, site, config)
+    assert result.candidate is not None
+    folder = write_finding(finding_from(runner, spec, site, config, result.candidate, result.seconds), tmp_path / "f")
+    report = __import__("json").loads((folder / "finding.json").read_text())
+    assert site.location == "movable.py:11" and report["site"]["code"] == "return -torch.log(p).mean()"
+    validate(folder / "finding.json")                 # the code is part of the public schema
+
+    def replay():
+        for name in [n for n in sys.modules if n.startswith("cdeepfuzz_target_") and n.endswith("movable")]:
+            del sys.modules[name]                     # what a fresh process of `cdeepfuzz replay` sees
+        return CliRunner().invoke(app, ["replay", str(folder)])
+
+    program.write_text('"""Docs added above the program."""\n# and a comment\n' + MOVABLE)
+    got = replay()
+    assert got.exit_code == 0, got.output
+    assert "log moved from movable.py:11 to line 13" in got.output
+
+    program.write_text(MOVABLE.replace("torch.log(p)", "torch.log(p.clamp_min(1e-30))"))   # the fix
+    got = replay()
+    assert got.exit_code == 1 and got.output.startswith("NOT reproduced"), got.output

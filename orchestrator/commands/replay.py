@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fuzz_core.backends.base import Precision, RunnerOptions
-from fuzz_core.engine import TargetSpec, build_runner, confirmed, replay
+from fuzz_core.engine import TargetSpec, build_runner, replay, replay_verdict
 from fuzz_core.findings import FindingError, load_finding
 from fuzz_core.loader import EntryError, entry_file
 
@@ -105,8 +105,10 @@ def replay_folder(folder: Path, trust: bool = False, device: str = "cpu") -> tup
     where = f"{first.kind} at {first.position}" if first else "none"
     phase = (f" ({result.phase})" if result.phase and result.phase != "forward" and first is not None
              and result.phase not in first.kind else "")
-    if confirmed(result, site, loaded.report):
+    ok, moves = replay_verdict(result, loaded.report)
+    moved = "".join(f"; {m}" for m in moves)
+    if ok:
         if loaded.report.get("site_triggered", True):
-            return True, f"reproduced: {site.label} ({site.hazard}); first non-finite op: {where}{phase}"
-        return True, f"reproduced: first non-finite op: {where}{phase} (found while searching {site.label})"
+            return True, f"reproduced: {site.label} ({site.hazard}); first non-finite op: {where}{phase}{moved}"
+        return True, f"reproduced: first non-finite op: {where}{phase} (found while searching {site.label}){moved}"
     return False, f"NOT reproduced: {site.label}; first non-finite op: {where}{phase}"

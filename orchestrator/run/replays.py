@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from fuzz_core.backends.base import Precision, RunnerOptions
-from fuzz_core.engine import TargetSpec, confirmed, fresh_runner, replay
+from fuzz_core.engine import TargetSpec, fresh_runner, replay, replay_verdict
 from fuzz_core.findings import LoadedFinding
 
 
@@ -53,7 +53,7 @@ def replay_known(worker, bug: KnownBug) -> ReplayOutcome:
         loaded = LoadedFinding(Path(bug.folder), bug.report, bug.inputs, bug.values_state)
         result = replay(runner, loaded)
         first = result.first_op
-        return ReplayOutcome(bug.signature, confirmed(result, loaded.site, loaded.report),
+        return ReplayOutcome(bug.signature, replay_verdict(result, loaded.report)[0],
                              f"{first.kind} at {first.position}" if first else None)
     except Exception as exc:  # noqa: BLE001 - reported per bug, the campaign goes on
         failure = from_exception(exc)
