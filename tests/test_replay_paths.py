@@ -12,8 +12,9 @@ from orchestrator.cli import app
 from orchestrator.schemas import validate
 
 
-def _finding(tmp_path: Path) -> Path:
-    spec = TargetSpec("faults", "tests/targets/faults.py:make_target", {}, "torch", 0)
+def _finding(tmp_path: Path, name: str = "faults", entry: str = "tests/targets/faults.py:make_target") -> Path:
+    """A finding of the target's first log site, written under ``tmp_path / "f"``."""
+    spec = TargetSpec(name, entry, {}, "torch", 0)
     runner = build_runner(spec)
     site = next(s for s in discover_sites(runner, 0) if s.op == "log")
     config = SearchConfig("adaptive", 100, seed=0)
@@ -66,15 +67,9 @@ def test_a_finding_replays_after_an_edit_moved_its_line_and_not_after_its_line_c
     monkeypatch.chdir(tmp_path)                       # a user's project: the program under the current folder
     program = tmp_path / "movable.py"
     program.write_text(MOVABLE)
-    spec = TargetSpec("movable", "movable.py:make_target", {}, "torch", 0)
-    runner = build_runner(spec)
-    site = next(s for s in discover_sites(runner, 0) if s.op == "log")
-    config = SearchConfig("adaptive", 100, seed=0)
-    result = search_site(runner, site, config)
-    assert result.candidate is not None
-    folder = write_finding(finding_from(runner, spec, site, config, result.candidate, result.seconds), tmp_path / "f")
+    folder = _finding(tmp_path, "movable", "movable.py:make_target")
     report = __import__("json").loads((folder / "finding.json").read_text())
-    assert site.location == "movable.py:11" and report["site"]["code"] == "return -torch.log(p).mean()"
+    assert report["site"]["location"] == "movable.py:11" and report["site"]["code"] == "return -torch.log(p).mean()"
     validate(folder / "finding.json")                 # the code is part of the public schema
 
     def replay():
