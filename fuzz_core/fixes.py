@@ -31,7 +31,6 @@ to write by hand, not verified); torch is imported lazily, as the rest of fuzz_c
 """
 from __future__ import annotations
 
-import linecache
 import logging
 import math
 import time
@@ -44,7 +43,7 @@ import numpy as np
 
 from fuzz_core.findings import REPORT, load_finding, value_arrays
 from fuzz_core.io import atomic_save_arrays, atomic_write_json
-from fuzz_core.sites import OpSite
+from fuzz_core.sites import OpSite, source_line
 
 log = logging.getLogger(__name__)
 
@@ -758,17 +757,20 @@ def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET,
     search), write the ``fix`` section (and ``fix.diff``: the recommended guard as a patch of the
     user's source, found from ``roots``); return it."""
     from fuzz_core.backends.base import Precision, RunnerOptions
-    from fuzz_core.engine import TargetSpec, build_runner
+    from fuzz_core.engine import TargetSpec, build_runner, moved
 
     folder = Path(finding_folder)
     loaded = load_finding(folder)
-    report, site = loaded.report, loaded.site
+    report = loaded.report
+    now, moves = moved(report)              # the op is guarded where its line of code sits now
+    site = OpSite.from_dict(now["site"])
     t = report["target"]
     weights = report.get("trigger") == "weights"
-    path, line, _ = split_location(site.location)
     fix: dict[str, Any] = {"budget": int(budget), "site": site.label, "location": site.location,
-                           "source": linecache.getline(path, line).strip() if line else "",
+                           "source": source_line(site.location) or "",
                            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if moves:
+        fix["moved"] = moves
     if (t.get("framework") or "torch") != "torch":
         hint = TF_HINTS.get(site.op)
         return _write(folder, report, {**fix, "status": "no suggestion", "attempts": [], "recommended": None,

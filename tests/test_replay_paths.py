@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 
 from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from, search_site
 from fuzz_core.findings import write_finding
+from fuzz_core.fixes import suggest_and_verify
 from fuzz_core.search import SearchConfig
 from orchestrator.cli import app
 from orchestrator.schemas import validate
@@ -60,8 +61,8 @@ def make_target(seed=0):
 
 def test_a_finding_replays_after_an_edit_moved_its_line_and_not_after_its_line_changed(tmp_path: Path, monkeypatch):
     """The finding keeps its line of code; a replay after lines were added above it judges the op where
-    that line sits now (before: 'NOT reproduced', as if the bug were gone); a changed line is judged
-    as the code now is."""
+    that line sits now (before: 'NOT reproduced', as if the bug were gone), and a fix guards it there
+    (before: 'not called from Python', no suggestion); a changed line is judged as the code now is."""
     import sys
 
     monkeypatch.chdir(tmp_path)                       # a user's project: the program under the current folder
@@ -81,6 +82,10 @@ def test_a_finding_replays_after_an_edit_moved_its_line_and_not_after_its_line_c
     got = replay()
     assert got.exit_code == 0, got.output
     assert "log moved from movable.py:11 to line 13" in got.output
+    fix = suggest_and_verify(folder, 20)              # `cdeepfuzz fix` guards the op on its line as it is now
+    assert fix["location"] == "movable.py:13" and fix["source"] == "return -torch.log(p).mean()"
+    assert fix["moved"] and fix["status"] == "verified", fix
+    assert fix["recommended"]["name"] == "stable_log" and fix["recommended"]["location"] == "movable.py:13"
 
     program.write_text(MOVABLE.replace("torch.log(p)", "torch.log(p.clamp_min(1e-30))"))   # the fix
     got = replay()
