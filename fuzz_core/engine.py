@@ -128,7 +128,7 @@ def moved(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         report[key] = entry
         notes.append(f"{entry.get('op')} moved from {old} to line {new.rpartition(':')[2]} "
                      f"(its line of code, {entry['code']!r}, is unchanged)")
-    return report, notes
+    return report, list(dict.fromkeys(notes))       # a site's own op moved once, not once per entry
 
 
 def replay_verdict(result: CheckResult, report: dict[str, Any]) -> tuple[bool, list[str]]:

@@ -38,6 +38,22 @@ def signature(target: str, op: str, location: str, hazard: str) -> str:
     return hashlib.sha1(f"{target}\x00{op}\x00{location}\x00{hazard}".encode()).hexdigest()[:16]
 
 
+def bug_signature(site: dict[str, Any], site_triggered: bool, first_op: dict[str, Any] | None, phase: str) -> str:
+    """The signature of the bug a finding shows: its site's hazard, or, when another op (or the
+    training step) went non-finite first, that op in its phase."""
+    if site_triggered or not first_op:
+        return signature(site["target"], site["op"], site["location"], site["hazard"])
+    return signature(site["target"], *bug_of(first_op, phase))
+
+
+def report_signature(report: dict[str, Any]) -> str:
+    """:func:`bug_signature` of a finding report's site and first op as they stand (not its recorded
+    ``signature``: a report whose locations were moved to where their code sits now gets the
+    signature the bug has there)."""
+    return bug_signature(report["site"], bool(report.get("site_triggered", True)), report.get("first_op"),
+                         str(report.get("phase") or "forward"))
+
+
 def bug_of(first_op: dict[str, Any], phase: str) -> tuple[str, str, str]:
     """(op, location, hazard) of the bug a first non-finite op names: the catalogue's row when
     the op has one for that phase (so the bug has the signature its own site's search gives it),
@@ -80,6 +96,7 @@ class Finding:
     precision_only: bool | None = None   # mixed precision: the float32 program stays finite on the same values
     overflow: dict[str, Any] | None = None   # mixed precision: dtype, and value/limit/excess of a half_overflow
     scaler_skips: int | None = None      # precision.grad_scaler: consecutive steps the GradScaler skipped on it
+    known_as: str | None = None          # the signature of the known bug it is, found before its line of code moved
 
     @property
     def flaky(self) -> bool:
@@ -90,10 +107,9 @@ class Finding:
     def signature(self) -> str:
         """The bug: the searched site's hazard, or, when another op (or the training step) went
         non-finite first, that op in its phase."""
-        first = self.first_op or {}
-        if self.site_triggered or not first:
-            return signature(self.site.target, self.site.op, self.site.location, self.site.hazard)
-        return signature(self.site.target, *bug_of(first, self.phase))
+        if self.known_as:
+            return self.known_as
+        return bug_signature(self.site.to_dict(), self.site_triggered, self.first_op, self.phase)
 
     @property
     def folder_name(self) -> str:

@@ -88,3 +88,54 @@ def test_known_bugs_are_replayed_first_fixed_regressed_not_reproduced(tmp_path: 
     assert [b["signature"] for b in bugs()] == [sig]      # one row per bug across the four campaigns
     listed = _cli("bugs", "--tracking-uri", uri, "--state", "not-reproduced")
     assert listed.returncode == 0 and sig in listed.stdout
+
+
+MOVABLE = (Path(__file__).parent / "targets" / "movable.py").read_text()   # the log on line 13
+
+
+@pytest.mark.mlflow
+def test_a_known_bug_whose_line_moved_keeps_its_triage_and_its_new_finding_joins_it(tmp_path: Path):
+    """Lines added above a triaged bug: the reuse phase replays it where its line of code sits now
+    (reproduced, still ``wontfix``), and the search's finding at the new line is an occurrence of that
+    bug, not a second ``new`` one (a signature names the line)."""
+    program = tmp_path / "movable.py"
+    program.write_text(MOVABLE)
+    (tmp_path / "mv.yaml").write_text(textwrap.dedent("""\
+        name: mv
+        targets:
+          - {name: movable, entry: movable.py:make_target}
+        search: {strategy: adaptive, max_steps: 30, seed: 0}
+        resources: {num_actors: 0}
+        device: cpu
+        output: out
+        """))
+    uri = "sqlite:///" + (tmp_path / "out" / "mlflow.db").as_posix()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:     # in the user's project folder
+        return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                              env=env, timeout=900, cwd=tmp_path)
+
+    def bugs() -> list[dict]:
+        done = cli("bugs", "--json", "--tracking-uri", uri)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    assert cli("run", "--plain", "mv.yaml").returncode == 1
+    (bug,) = bugs()
+    sig = bug["signature"]
+    assert cli("triage", sig, "--state", "wontfix", "--tracking-uri", uri).returncode == 0
+
+    program.write_text('"""A docstring added above."""\n\n' + MOVABLE)
+    done = cli("run", "--plain", "mv.yaml")
+    assert done.returncode == 1, done.stderr[-3000:]
+    run_dir = max((tmp_path / "out").glob("mv-*"), key=lambda p: p.stat().st_mtime)
+    summary = check_run(run_dir)
+    (known,) = summary["known_bugs"]
+    assert (known["signature"], known["reproduced"], known["state"]) == (sig, True, "wontfix")
+    assert "log moved from movable.py:13 to line 15" in known["message"] and known["moved_to"] != sig
+    (finding,) = [s["finding"] for s in summary["sites"] if s.get("finding")]
+    report = json.loads((run_dir / finding / "finding.json").read_text())
+    assert report["site"]["location"] == "movable.py:15" and report["signature"] == sig
+    (bug,) = bugs()                                       # one bug, its triage kept
+    assert (bug["signature"], bug["triage"], bug["occurrences"]) == (sig, "wontfix", 2)

@@ -42,21 +42,7 @@ def test_replay_takes_the_folder_or_its_finding_json_and_names_a_missing_path(tm
     assert result.exit_code == 2 and "not a finding folder" in result.output
 
 
-MOVABLE = '''import numpy as np, torch
-from fuzz_core import Target
-
-
-def make_target(seed=0):
-    torch.manual_seed(seed)
-    net = torch.nn.Linear(4, 3)
-
-    def program(b):
-        p = torch.softmax(net(b["x"]), 1)
-        return -torch.log(p).mean()
-
-    return Target(program=program, sample=lambda rng: {"x": rng.uniform(-1, 1, (4, 4)).astype(np.float32)},
-                  model=net, bounds={"x": (-100.0, 100.0)}, search=["x"])
-'''
+MOVABLE = (Path(__file__).parent / "targets" / "movable.py").read_text()   # the log on line 13
 
 
 def test_a_finding_replays_after_an_edit_moved_its_line_and_not_after_its_line_changed(tmp_path: Path, monkeypatch):
@@ -70,7 +56,7 @@ def test_a_finding_replays_after_an_edit_moved_its_line_and_not_after_its_line_c
     program.write_text(MOVABLE)
     folder = _finding(tmp_path, "movable", "movable.py:make_target")
     report = __import__("json").loads((folder / "finding.json").read_text())
-    assert report["site"]["location"] == "movable.py:11" and report["site"]["code"] == "return -torch.log(p).mean()"
+    assert report["site"]["location"] == "movable.py:13" and report["site"]["code"] == "return -torch.log(p).mean()"
     validate(folder / "finding.json")                 # the code is part of the public schema
 
     def replay():
@@ -81,11 +67,11 @@ def test_a_finding_replays_after_an_edit_moved_its_line_and_not_after_its_line_c
     program.write_text('"""Docs added above the program."""\n# and a comment\n' + MOVABLE)
     got = replay()
     assert got.exit_code == 0, got.output
-    assert "log moved from movable.py:11 to line 13" in got.output
+    assert "log moved from movable.py:13 to line 15" in got.output
     fix = suggest_and_verify(folder, 20)              # `cdeepfuzz fix` guards the op on its line as it is now
-    assert fix["location"] == "movable.py:13" and fix["source"] == "return -torch.log(p).mean()"
+    assert fix["location"] == "movable.py:15" and fix["source"] == "return -torch.log(p).mean()"
     assert fix["moved"] and fix["status"] == "verified", fix
-    assert fix["recommended"]["name"] == "stable_log" and fix["recommended"]["location"] == "movable.py:13"
+    assert fix["recommended"]["name"] == "stable_log" and fix["recommended"]["location"] == "movable.py:15"
 
     program.write_text(MOVABLE.replace("torch.log(p)", "torch.log(p.clamp_min(1e-30))"))   # the fix
     got = replay()

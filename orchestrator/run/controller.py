@@ -483,7 +483,8 @@ class Controller:
     def _quantum(self, rec: SiteRecord, out: QuantumOutcome) -> None:
         result = out.result
         self._reported = True
-        folder = self._write_finding(rec, out.finding) if out.finding is not None else None
+        finding = self._known_as(out.finding) if out.finding is not None else None
+        folder = self._write_finding(rec, finding) if finding is not None else None
         with self._txn():
             if out.checkpoint is not None:
                 rec.checkpoint = self._write_checkpoint(rec, out.checkpoint)
@@ -501,19 +502,19 @@ class Controller:
                 rec.finding = folder.relative_to(self.run_dir).as_posix()
             if result.reach:
                 rec.reach = result.reach
-            status, reason, failure = _outcome_status(result, out.finding)
+            status, reason, failure = _outcome_status(result, finding)
             losses = tuple(p.suspect_loss for p in result.trace)
             if out.outside is not None:
                 log.info("%s: its own op %s outside its bounds (%d probe steps)", rec.site.label,
                          "fired" if out.outside else "did not fire", out.probe_steps)
             self.scheduler.on_progress(SiteProgress(rec.site.id, result.steps, losses, rec.best_loss,
-                                                    out.finding is not None, log_space=result.log_space,
+                                                    finding is not None, log_space=result.log_space,
                                                     outside=out.outside))
             if not status.final:                      # else _retire's set_status writes the record
                 self.store.put_site(rec, self._order[rec.site.id])
             self._events.append(lambda: self.observers.quantum(rec, result))
-            if out.finding is not None:
-                self._events.append(lambda: self.observers.finding(rec, out.finding, folder))
+            if finding is not None:
+                self._events.append(lambda: self.observers.finding(rec, finding, folder))
             if status.final:
                 self._retire(rec, status, reason, error=failure and failure.message,
                              traceback=failure and failure.traceback)
@@ -529,6 +530,17 @@ class Controller:
             self.set_status(rec, status, reason, error=error, traceback=traceback)
 
     # -- writing ---------------------------------------------------------------------------------
+    def _known_as(self, finding):
+        """The finding as an occurrence of the known bug it is, when the reuse phase replayed that bug
+        where its line of code sits now (lines were added above it): its signature at the new lines is
+        that bug's, whose triage state it keeps, and not a new bug's."""
+        aliases = {r["moved_to"]: r["signature"] for r in self.store.known_bugs() if r.get("moved_to")}
+        known = aliases.get(finding.signature)
+        if known is None:
+            return finding
+        return dataclasses.replace(finding, known_as=known, notes=[
+            *finding.notes, f"the known bug {known}, found before its line of code moved"])
+
     def _write_finding(self, rec: SiteRecord, finding) -> Path:
         """The finding folder, written once: a driver killed after writing it and resumed finds it again
         at the same step, and keeps the folder it wrote."""

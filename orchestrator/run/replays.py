@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from fuzz_core.backends.base import Precision, RunnerOptions
-from fuzz_core.engine import TargetSpec, fresh_runner, replay, replay_verdict
-from fuzz_core.findings import LoadedFinding
+from fuzz_core.engine import TargetSpec, fresh_runner, moved, replay, replay_verdict
+from fuzz_core.findings import LoadedFinding, report_signature
 
 
 @dataclass
@@ -38,6 +38,8 @@ class ReplayOutcome:
     first_op: str | None = None
     error: str | None = None
     traceback: str | None = None
+    moves: tuple[str, ...] = ()          # reproduced where its lines of code sit now: what moved
+    moved_to: str | None = None         # ... and the signature the bug has at those lines
 
 
 def replay_known(worker, bug: KnownBug) -> ReplayOutcome:
@@ -53,8 +55,10 @@ def replay_known(worker, bug: KnownBug) -> ReplayOutcome:
         loaded = LoadedFinding(Path(bug.folder), bug.report, bug.inputs, bug.values_state)
         result = replay(runner, loaded)
         first = result.first_op
-        return ReplayOutcome(bug.signature, replay_verdict(result, loaded.report)[0],
-                             f"{first.kind} at {first.position}" if first else None)
+        ok, moves = replay_verdict(result, loaded.report)
+        moved_to = report_signature(moved(loaded.report)[0]) if ok and moves else None
+        return ReplayOutcome(bug.signature, ok, f"{first.kind} at {first.position}" if first else None,
+                             moves=tuple(moves), moved_to=moved_to if moved_to != bug.signature else None)
     except Exception as exc:  # noqa: BLE001 - reported per bug, the campaign goes on
         failure = from_exception(exc)
         return ReplayOutcome(bug.signature, None, error=failure.message, traceback=failure.traceback)

@@ -109,11 +109,16 @@ def replay_known_bugs(ctl, root: Path, uri: str | None) -> list[dict[str, Any]]:
                 record.update(replayed=outcome.reproduced is not None, reproduced=outcome.reproduced,
                               first_op=outcome.first_op, replayed_at=stamp,
                               state=after_replay(record["state_before"], outcome.reproduced))
+                if outcome.moved_to:        # a finding at its new lines is an occurrence of this bug
+                    record["moved_to"] = outcome.moved_to
                 if outcome.error:
                     record["message"] = f"the target could not be built or run: {outcome.error}"
                 elif record["state"] != record["state_before"]:
                     record["message"] = (f"{record['state_before']} -> {record['state']}: the reproducer "
                                          f"{'triggers again' if outcome.reproduced else 'no longer triggers'}")
+                if outcome.moves:
+                    record["message"] = "; ".join([*filter(None, [record["message"]]),
+                                                   "reproduced where its line of code sits now", *outcome.moves])
             ctl.store.put_known_bug(record["signature"], order, record)
     for record in records:
         ctl.observers.known_bug(record)
