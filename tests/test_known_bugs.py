@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -139,3 +140,10 @@ def test_a_known_bug_whose_line_moved_keeps_its_triage_and_its_new_finding_joins
     assert report["site"]["location"] == "movable.py:15" and report["signature"] == sig
     (bug,) = bugs()                                       # one bug, its triage kept
     assert (bug["signature"], bug["triage"], bug["occurrences"]) == (sig, "wontfix", 2)
+
+    # the bug store keeps the smaller reproducer: here, make it the occurrence at the new line
+    for name in ("finding.json", "values.safetensors"):
+        shutil.copyfile(run_dir / finding / name, tmp_path / "out" / "bugs" / sig / "reproducer" / name)
+    assert cli("run", "--plain", "mv.yaml").returncode == 1       # its reproducer names the new line
+    (bug,) = bugs()
+    assert (bug["signature"], bug["triage"], bug["occurrences"]) == (sig, "wontfix", 3)

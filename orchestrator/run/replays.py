@@ -56,7 +56,9 @@ def replay_known(worker, bug: KnownBug) -> ReplayOutcome:
         result = replay(runner, loaded)
         first = result.first_op
         ok, moves = replay_verdict(result, loaded.report)
-        moved_to = report_signature(moved(loaded.report)[0]) if ok and moves else None
+        # the signature of the bug's lines as they are now: another when its code moved, now or before
+        # (a reproducer kept from an occurrence at the new lines names them, under the bug's signature)
+        moved_to = report_signature(moved(loaded.report)[0]) if ok else None
         return ReplayOutcome(bug.signature, ok, f"{first.kind} at {first.position}" if first else None,
                              moves=tuple(moves), moved_to=moved_to if moved_to != bug.signature else None)
     except Exception as exc:  # noqa: BLE001 - reported per bug, the campaign goes on
