@@ -131,16 +131,16 @@ def moved(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return report, list(dict.fromkeys(notes))       # a site's own op moved once, not once per entry
 
 
-def replay_verdict(result: CheckResult, report: dict[str, Any]) -> tuple[bool, list[str]]:
+def replay_verdict(result: CheckResult, report: dict[str, Any]) -> tuple[bool, dict[str, Any], list[str]]:
     """Does a replay of a saved finding reproduce it (:func:`confirmed`)? Judged at the lines where
-    the finding's code sits now (:func:`moved`); the notes say what moved."""
-    site = OpSite.from_dict(report["site"])
-    if confirmed(result, site, report):
-        return True, []
+    the finding's code sits now (:func:`moved`): the verdict, the report as judged (its locations
+    moved, or ``report`` itself) and the notes that say what moved."""
+    if confirmed(result, OpSite.from_dict(report["site"]), report):
+        return True, report, []
     now, notes = moved(report)
     if notes and confirmed(result, OpSite.from_dict(now["site"]), now):
-        return True, notes
-    return False, []
+        return True, now, notes
+    return False, report, []
 
 
 def _expectation(expected: Any) -> tuple[bool, str, Any]:

@@ -105,7 +105,7 @@ def replay_folder(folder: Path, trust: bool = False, device: str = "cpu") -> tup
     where = f"{first.kind} at {first.position}" if first else "none"
     phase = (f" ({result.phase})" if result.phase and result.phase != "forward" and first is not None
              and result.phase not in first.kind else "")
-    ok, moves = replay_verdict(result, loaded.report)
+    ok, _, moves = replay_verdict(result, loaded.report)
     moved = "".join(f"; {m}" for m in moves)
     if ok:
         if loaded.report.get("site_triggered", True):

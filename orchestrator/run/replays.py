@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from fuzz_core.backends.base import Precision, RunnerOptions
-from fuzz_core.engine import TargetSpec, fresh_runner, moved, replay, replay_verdict
+from fuzz_core.engine import TargetSpec, fresh_runner, replay, replay_verdict
 from fuzz_core.findings import LoadedFinding, report_signature
 
 
@@ -55,10 +55,10 @@ def replay_known(worker, bug: KnownBug) -> ReplayOutcome:
         loaded = LoadedFinding(Path(bug.folder), bug.report, bug.inputs, bug.values_state)
         result = replay(runner, loaded)
         first = result.first_op
-        ok, moves = replay_verdict(result, loaded.report)
+        ok, judged, moves = replay_verdict(result, loaded.report)
         # the signature of the bug's lines as they are now: another when its code moved, now or before
         # (a reproducer kept from an occurrence at the new lines names them, under the bug's signature)
-        moved_to = report_signature(moved(loaded.report)[0]) if ok else None
+        moved_to = report_signature(judged) if ok else None
         return ReplayOutcome(bug.signature, ok, f"{first.kind} at {first.position}" if first else None,
                              moves=tuple(moves), moved_to=moved_to if moved_to != bug.signature else None)
     except Exception as exc:  # noqa: BLE001 - reported per bug, the campaign goes on
