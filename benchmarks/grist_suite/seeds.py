@@ -90,15 +90,17 @@ def report(subjects: list, results: dict[tuple, dict], random_s0: dict[str, dict
     bugs = [(s, b) for s in subjects for b in s.bugs]
     o = {(b.id, seed): suite.bug_outcome(s, b, results.get((suite.subject_key(s), seed)), s.budget(SUITE_BUDGET))
          for s, b in bugs for seed in seeds}
-    rnd = {b.id: suite.bug_outcome(s, b, random_s0.get(suite.subject_key(s)), s.budget(SUITE_BUDGET))
-           for s, b in bugs}
+
+    def at_s0(by_subject: dict[str, dict]) -> dict[str, dict]:
+        """Each bug's outcome in a strategy's seed-0 results."""
+        return {b.id: suite.bug_outcome(s, b, by_subject.get(suite.subject_key(s)), s.budget(SUITE_BUDGET))
+                for s, b in bugs}
+
+    rnd = at_s0(random_s0)
     hard = [b.id for _, b in bugs if not rnd[b.id]["found"] or rnd[b.id]["steps"] > suite.RANDOM_HARD_STEPS]
-    by_id = {b.id: (s, b) for s, b in bugs}
-    theirs = {"random": suite._median([rnd[b]["steps"] for b in hard]), "grist": float(SUITE_BUDGET)}
-    if grist_s0 is not None:
-        theirs["grist"] = suite._median([suite.bug_outcome(by_id[b][0], by_id[b][1],
-                                                           grist_s0.get(suite.subject_key(by_id[b][0])),
-                                                           by_id[b][0].budget(SUITE_BUDGET))["steps"] for b in hard])
+    gri = at_s0(grist_s0) if grist_s0 is not None else None
+    theirs = {"random": suite._median([rnd[b]["steps"] for b in hard]),
+              "grist": suite._median([gri[b]["steps"] for b in hard]) if gri is not None else float(SUITE_BUDGET)}
     rows, found_at = [], {}
     for seed in seeds:
         found_at[seed] = {b.id for _, b in bugs if o[(b.id, seed)]["found"]}
