@@ -9,7 +9,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -384,7 +384,20 @@ def replay(runner, loaded: LoadedFinding) -> CheckResult:
     return confirm(runner, loaded.site, loaded.inputs, loaded.state, int(loaded.report["step_seed"]))
 
 
-def search_site(runner, site: OpSite, config: SearchConfig) -> QuantumResult:
-    """Search one site to the end of its budget in this process (no scheduler)."""
+def search_site(runner, site: OpSite, config: SearchConfig,
+                passed: Callable[[QuantumResult], None] | None = None) -> QuantumResult:
+    """Search one site to the end of its budget in this process (no scheduler).
+
+    ``passed``: called with each result that ended on another op's non-finite value which the search
+    can step past (:meth:`SiteSearch.step_past`); it confirms and keeps that finding, and the search
+    goes on toward the site's own op. The runner it is given is the search's: a confirmation resets
+    it, and the search takes its state back after. Without ``passed`` the search ends there."""
     search = SiteSearch(runner, site, config)
-    return search.run(config.max_steps)
+    result = search.run(config.max_steps)
+    while passed is not None and search.can_step_past():
+        search.park()
+        passed(result)
+        search.step_past()
+        search.resume()
+        result = search.run(config.max_steps - search.step)
+    return result

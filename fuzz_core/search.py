@@ -157,6 +157,11 @@ class SiteSearch:
         # every step from the site's start state (see freeze()): the program's training step still
         # runs and is watched, its writes are undone before the next step
         self.frozen = False
+        # the other ops whose non-finite values this site's search has reported and now steps past
+        # (:meth:`step_past`), as (op, location, occurrence); and those of the step that ended the
+        # search, when it may step past them (None: it may not)
+        self.passed: list[tuple[str, str, int]] = []
+        self._passing: list[tuple[str, str, int]] | None = None
 
     # -- what strategies use ------------------------------------------------------------
     @property
@@ -210,14 +215,47 @@ class SiteSearch:
         self._trace.append(TracePoint(self.step, loss, self.best, ev.grad_norm,
                                       "trigger" if ev.triggered else event, ev.triggered,
                                       time.perf_counter() - self._t0 + self.seconds))
-        if ev.triggered or ev.event:     # any non-finite value in the step ends the search
-            self.candidate = self._candidate(values, ev, seed)
-            raise Triggered
+        if ev.triggered or ev.event:     # any non-finite value in the step ends the search ...
+            origins = self._passable(ev, loss)
+            if origins is None or not set(origins) <= set(self.passed):
+                self.candidate = self._candidate(values, ev, seed)
+                self._passing = origins
+                raise Triggered
+            # ... but one the search has reported already: it goes on (the step did not train)
         if ev.weights is not None:
             ev.train_shift = _moved_by(ev.grads, values, ev.weights)
             ev.log_train_shift = _moved_by(ev.log_grads, values, ev.weights)
             values.update(ev.weights)
         return ev
+
+    def _passable(self, ev: Evaluation, loss: float) -> list[tuple[str, str, int]] | None:
+        """The ops that went non-finite in a step the search could step past, or None: only other ops,
+        named, in the forward pass (so the program did not train on the step), and the site's own
+        input still finite (its op is not downstream of theirs: it can still go out of its domain
+        first)."""
+        if ev.triggered or ev.phase != "forward" or ev.trained or not ev.origins or not math.isfinite(loss):
+            return None
+        keys = [(o.op, o.location, int(o.occurrence)) for o in ev.origins]
+        if any(loc.startswith("<not located") for _, loc, _ in keys):
+            return None
+        return keys
+
+    def can_step_past(self) -> bool:
+        """The search ended on another op's non-finite value, and may go on past it (:meth:`step_past`)."""
+        return self.candidate is not None and not self.candidate.own and self._passing is not None
+
+    def step_past(self) -> bool:
+        """Go on after another op's non-finite value, once its finding is reported: a bug that fires
+        first (``log(1 - p)`` once a softmax output rounds to 1) no longer hides the site's own
+        (``log(p)`` once another output underflows to 0). Later steps whose only non-finite values
+        come from those ops are ordinary steps. The step that fired did not train (the backends
+        skip the program's training step after a non-finite forward pass), so the program's state
+        is the search's. False (nothing changed) when the search did not end that way."""
+        if not self.can_step_past():
+            return False
+        self.passed.extend(k for k in dict.fromkeys(self._passing) if k not in self.passed)
+        self.candidate, self._passing = None, None
+        return True
 
     def freeze(self) -> None:
         """From now on every step starts from the site's start state (the factory's): the program's
@@ -314,6 +352,7 @@ class SiteSearch:
         meta_strategy = copy.deepcopy(meta_strategy)
         meta = {"step": self.step, "best": self.best, "trained": self.trained, "seconds": self.seconds,
                 "unreachable": self.unreachable, "frozen": self.frozen, "rng": self.rng.bit_generator.state,
+                "passed": [list(k) for k in self.passed],
                 "strategy": meta_strategy, "bounds": {k: list(v) for k, v in self.bounds.items()},
                 "cache": {}}
         for key, ev in self.cache.items():
@@ -337,6 +376,7 @@ class SiteSearch:
         self.trained, self.seconds = bool(meta["trained"]), float(meta["seconds"])
         self.unreachable = bool(meta.get("unreachable", False))
         self.frozen = bool(meta.get("frozen", False))
+        self.passed = [(str(op), str(loc), int(n)) for op, loc, n in meta.get("passed", [])]
         self.rng.bit_generator.state = meta["rng"]
         self.bounds = {k: (float(v[0]), float(v[1])) for k, v in meta["bounds"].items()}
 
@@ -386,9 +426,11 @@ def _evaluation_fields(ev: Evaluation) -> dict[str, Any]:
     """An evaluation's fields, each an array, a dict of arrays or a json-able value."""
     out = {f.name: getattr(ev, f.name) for f in fields(ev)}
     out["first_op"] = None if ev.first_op is None else asdict(ev.first_op)
+    out["origins"] = None if ev.origins is None else [asdict(o) for o in ev.origins]
     return {k: v.item() if isinstance(v, np.generic) else v for k, v in out.items()}
 
 
 def _evaluation(values: dict[str, Any]) -> Evaluation:
-    op = values.get("first_op")
-    return Evaluation(**{**values, "first_op": None if op is None else OpRef(**op)})
+    op, origins = values.get("first_op"), values.get("origins")
+    return Evaluation(**{**values, "first_op": None if op is None else OpRef(**op),
+                         "origins": None if origins is None else [OpRef(**o) for o in origins]})

@@ -78,6 +78,9 @@ class Evaluation:
     log_train_shift: float = 0.0
     passes: int = 1                     # forward passes this evaluation cost
     phase: str | None = None            # where the step's first non-finite value arose (with ``event``)
+    # with a forward ``event``: every op that went non-finite by its own doing, the first op first
+    # (:meth:`FlagBook.origins`); a search steps past a step whose origins it knows already
+    origins: list[OpRef] | None = None
     state_before: dict[str, np.ndarray] | None = None  # a bad step's starting state, when not the factory's
     scaler_skips: int = 0               # precision.grad_scaler: consecutive steps the GradScaler skipped on this input
 

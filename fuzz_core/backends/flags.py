@@ -82,6 +82,30 @@ class FlagBook:
     def first_event_at(self, values: list[bool], outputs_bad: bool,
                        program_location: str) -> tuple[int, OpRef | None]:
         """:meth:`first_event` and the index of its flag (``len(flags)`` for the outputs, -1 for none)."""
+        for i, op, _ in self._fired(values):
+            return i, op
+        if outputs_bad:
+            return len(self.flags), OpRef("output", "output", program_location, 0, nan=False)
+        return -1, None
+
+    def origins(self, values: list[bool], outputs_bad: bool, program_location: str) -> list[OpRef]:
+        """Every op that went non-finite by its own doing, in execution order (the first is
+        :meth:`first_event`'s): each catalogued call whose output went non-finite from finite inputs.
+        A flag of an uncatalogued op (or the program's output) counts only when nothing went
+        non-finite before it: it records no inputs, so after an earlier origin it may only carry
+        that origin's value on (``0 * -inf`` after a ``log`` of 0)."""
+        out: list[OpRef] = []
+        for _, op, catalogued in self._fired(values):
+            if catalogued or not out:
+                out.append(op)
+        if not out:
+            first = self.first_event_at(values, outputs_bad, program_location)[1]
+            out = [first] if first is not None else []
+        return out
+
+    def _fired(self, values: list[bool]):
+        """(flag index, op, catalogued) of each flag that went non-finite, in order, less the calls
+        whose inputs were already non-finite (not the origin)."""
         for i, bad in enumerate(values[: len(self.flags)]):
             kind, location, index = self.flag_ops[i]
             if not bad or index == IN_OK:
@@ -90,11 +114,9 @@ class FlagBook:
                 call = self.calls[index]
                 if call.in_ok >= 0 and not values[call.in_ok]:
                     continue     # its inputs were already non-finite: not the origin
-                return i, OpRef(call.spec.name, call.kind, call.location, call.occurrence)
-            return i, OpRef(kind, kind, location or "<not located: replay names it>", 0)
-        if outputs_bad:
-            return len(self.flags), OpRef("output", "output", program_location, 0, nan=False)
-        return -1, None
+                yield i, OpRef(call.spec.name, call.kind, call.location, call.occurrence), True
+            else:
+                yield i, OpRef(kind, kind, location or "<not located: replay names it>", 0), False
 
     def triggered(self, values: list[bool], call) -> bool:
         """The site's own output went non-finite while its inputs were finite."""

@@ -321,6 +321,8 @@ class EagerRunner(Fp32Twin, TargetBatches):
                     ev = Evaluation(seen=margin is not None, hard=math.inf, log_loss=math.inf,
                                     triggered=call is not None and recorder.triggered(flags, call),
                                     event=first is not None, first_op=first, program_loss=_scalar(loss))
+                    if first is not None:
+                        ev.origins = recorder.origins(flags, flags[-1], self._program_location())
                     scored = self._stats(ev, margin, batch_size(values)) if margin is not None else None
                     mean_loss = tf.reduce_mean(loss) if own_step and not ev.event and loss is not None else None
                     followed = None
@@ -328,7 +330,7 @@ class EagerRunner(Fp32Twin, TargetBatches):
                         followed = followed_margin(scored[0], call.spec.log_space)
                 if followed is not None:
                     aligned = self._alignment(tape, followed, mean_loss)
-            if scored is not None and grad and not ev.event and tape is not None:
+            if scored is not None and grad and not ev.triggered and tape is not None:   # see the torch backend
                 hard, log_loss = scored
                 self._grads(ev, tape, hard, log_loss, call.spec.log_space, leaves)
             if aligned is not None and inputs and ev.grads is not None:

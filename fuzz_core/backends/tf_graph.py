@@ -436,6 +436,8 @@ class GraphRunner(Fp32Twin, TargetBatches):
         ev = Evaluation(seen=seen, hard=math.inf, log_loss=math.inf,
                         triggered=call is not None and book.triggered(flags, call),
                         event=first is not None, first_op=first, program_loss=_scalar(res["loss"]))
+        if first is not None:
+            ev.origins = book.origins(flags, flags[-1], traceback_location(self.loss.op))
         if seen:
             s = res["site"]
             ev.movable = bool(site_fetches["requires_grad"])

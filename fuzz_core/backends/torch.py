@@ -352,9 +352,12 @@ class TorchRunner(TargetBatches):
                         triggered=call is not None and recorder.triggered(flags, call),
                         event=first is not None, first_op=first, program_loss=_scalar(loss),
                         phase="forward" if first is not None else None)
+        if first is not None:
+            ev.origins = recorder.origins(flags, flags[-1], self._program_at)
         if margin is not None:
             ahead = loss if lookahead and train and grad and not ev.event else None
-            self._score(ev, margin, call.spec.log_space, grad and not ev.event, leaves,
+            # another op's non-finite value leaves the site's own gradient: a search may step past it
+            self._score(ev, margin, call.spec.log_space, grad and not ev.triggered, leaves,
                         retain=train, batch_size=batch_size(values), lookahead=ahead)
         if train and not ev.event and loss is not None:
             ev.trained, ev.phase = self._train(batch, loss, seed, pre)
