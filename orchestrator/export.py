@@ -55,7 +55,8 @@ class ExportError(ValueError):
 
 
 def load_run(run_dir: Path | str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """``summary.json`` and the ``finding.json`` of each site that has one (by site id)."""
+    """``summary.json`` and the ``finding.json`` of each site that has one (by site id), and of each
+    finding a site's search stepped past (by its folder, as the site's ``passed`` names it)."""
     run_dir = Path(run_dir)
     try:
         summary = read_json(run_dir / SUMMARY)
@@ -63,11 +64,12 @@ def load_run(run_dir: Path | str) -> tuple[dict[str, Any], dict[str, dict[str, A
         raise ExportError(f"{run_dir}: not a run folder ({SUMMARY}: {exc})") from None
     findings = {}
     for site in summary.get("sites", []):
-        if site.get("finding"):
-            try:
-                findings[site["id"]] = read_json(run_dir / site["finding"] / REPORT)
-            except (OSError, ValueError):
-                continue           # a finding folder lost since: the site still reports from summary.json
+        for key, folder in [(site["id"], site.get("finding")), *((p, p) for p in site.get("passed") or [])]:
+            if folder:
+                try:
+                    findings[key] = read_json(run_dir / folder / REPORT)
+                except (OSError, ValueError):
+                    continue       # a finding folder lost since: the site still reports from summary.json
     return summary, findings
 
 
@@ -159,6 +161,8 @@ def _junit_case(suite: ET.Element, campaign: str, site: dict[str, Any], finding:
                       f"regression test: pytest {folder}/{TEST_FILE}"]
         for note in (finding or {}).get("notes") or []:
             lines.append(f"note: {note}")
+        lines += [f"stepped past on the way (another op's finding): {_rel(run_dir, p)}"
+                  for p in site.get("passed") or [] if p != site.get("finding")]
         failure = ET.SubElement(case, "failure", message=message, type=_bug(site, finding or {})[2])
         failure.text = "\n".join(lines)
         return "failures"
@@ -226,37 +230,13 @@ def sarif_log(summary: dict[str, Any], findings: dict[str, dict[str, Any]], run_
     rules: dict[str, dict[str, Any]] = {}
     results = []
     for site in summary.get("sites", []):
-        if site.get("status") not in FINDING_STATUSES:
-            continue
-        finding = findings.get(site["id"]) or {}
-        op, location, hazard = _bug(site, finding)
-        rule = rules.setdefault(op, {"id": op, "name": f"NonFinite{op.title().replace('_', '')}",
-                                     "shortDescription": {"text": f"{op}: {hazard}"},
-                                     "fullDescription": {"text": f"An input drives {op} out of its valid domain "
-                                                                 f"({hazard}): the program produces NaN or Inf."},
-                                     "defaultConfiguration": {"level": "error"},
-                                     "properties": {"tags": ["numerical", "nan", "inf"]}})
-        folder = _rel(run_dir, site["finding"]) if site.get("finding") else None
-        text = _first_op_line(site, finding) + f" ({hazard})"
-        if site.get("status") == "flaky":
-            text += "; flaky: not every replay reproduced it"
-        if folder:
-            text += f". Replay: cdeepfuzz replay {folder}; regression test: pytest {folder}/{TEST_FILE}"
-        result: dict[str, Any] = {
-            "ruleId": op, "ruleIndex": list(rules).index(op),
-            "level": "warning" if site.get("status") == "flaky" else "error",
-            "message": {"text": text},
-            "locations": [{"physicalLocation": _physical(_bug_position(site, finding), _at(site))}],
-            "properties": {"site": site.get("label"), "siteId": site["id"], "target": site.get("target"),
-                           "hazard": hazard, "phase": finding.get("phase") or "forward",
-                           "status": site.get("status"), "steps": site.get("steps"), "finding": folder},
-        }
-        if finding.get("signature"):
-            result["partialFingerprints"] = {"cdeepfuzzSignature/v1": str(finding["signature"])}
-        if location != site.get("location"):        # found while searching another site: say which
-            result["relatedLocations"] = [{"id": 1, "physicalLocation": _physical(_at(site), ""),
-                                           "message": {"text": f"searched site {site.get('label')}"}}]
-        results.append(result)
+        found = site.get("status") in FINDING_STATUSES
+        entries = [(site.get("finding"), findings.get(site["id"]) or {}, site.get("status"), site.get("steps"))
+                   ] if found else []
+        entries += [(p, findings[p], "flaky" if findings[p].get("flaky") else "found", findings[p].get("step"))
+                    for p in site.get("passed") or [] if p != site.get("finding") and p in findings]
+        for where, finding, status, steps in entries:
+            results.append(_sarif_result(rules, site, finding, status, steps, _rel(run_dir, where) if where else None))
     run_info = summary.get("run") or {}
     notifications = [{"level": "error", "message": {"text": f"target {t['name']}: {t.get('error') or 'could not be built'}"}}
                      for t in summary.get("targets", []) if t.get("status") == "error" and t.get("error")]
@@ -275,6 +255,39 @@ def sarif_log(summary: dict[str, Any], findings: dict[str, dict[str, Any]], run_
     if campaign:
         run["automationDetails"] = {"id": f"cdeepfuzz/{campaign}/"}
     return {"$schema": SARIF_SCHEMA_URI, "version": SARIF_VERSION, "runs": [run]}
+
+
+def _sarif_result(rules: dict[str, dict[str, Any]], site: dict[str, Any], finding: dict[str, Any], status: str,
+                  steps: Any, folder: str | None) -> dict[str, Any]:
+    """One finding's SARIF result (its rule added to ``rules`` when new): the site's own, or one its
+    search stepped past (``site.passed``)."""
+    op, location, hazard = _bug(site, finding)
+    rules.setdefault(op, {"id": op, "name": f"NonFinite{op.title().replace('_', '')}",
+                          "shortDescription": {"text": f"{op}: {hazard}"},
+                          "fullDescription": {"text": f"An input drives {op} out of its valid domain "
+                                                      f"({hazard}): the program produces NaN or Inf."},
+                          "defaultConfiguration": {"level": "error"},
+                          "properties": {"tags": ["numerical", "nan", "inf"]}})
+    text = _first_op_line(site, finding) + f" ({hazard})"
+    if status == "flaky":
+        text += "; flaky: not every replay reproduced it"
+    if folder:
+        text += f". Replay: cdeepfuzz replay {folder}; regression test: pytest {folder}/{TEST_FILE}"
+    result: dict[str, Any] = {
+        "ruleId": op, "ruleIndex": list(rules).index(op),
+        "level": "warning" if status == "flaky" else "error",
+        "message": {"text": text},
+        "locations": [{"physicalLocation": _physical(_bug_position(site, finding), _at(site))}],
+        "properties": {"site": site.get("label"), "siteId": site["id"], "target": site.get("target"),
+                       "hazard": hazard, "phase": finding.get("phase") or "forward",
+                       "status": status, "steps": steps, "finding": folder},
+    }
+    if finding.get("signature"):
+        result["partialFingerprints"] = {"cdeepfuzzSignature/v1": str(finding["signature"])}
+    if location != site.get("location"):        # found while searching another site: say which
+        result["relatedLocations"] = [{"id": 1, "physicalLocation": _physical(_at(site), ""),
+                                       "message": {"text": f"searched site {site.get('label')}"}}]
+    return result
 
 
 def write_sarif(run_dir: Path | str, path: Path | str) -> Path:

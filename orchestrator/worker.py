@@ -265,11 +265,20 @@ class Worker:
         self._check_isolation(spec, runner, site.id)
         finding = None
         if result.candidate is not None:
+            passing = search.can_step_past()         # another op went non-finite first: report it, go on
+            if passing:
+                search.park()
             finding = finding_from(runner, spec, site, config, result.candidate, result.seconds,
                                    device=str(getattr(runner, "device", "cpu")), minimise_batch=self.options.minimise)
-            result.status = SiteStatus.FLAKY if finding.flaky else SiteStatus.FOUND
-            result.exit_reason = ExitReason.TRIGGERED_FLAKY if finding.flaky else ExitReason.TRIGGERED
             self.owner.pop(spec.name, None)          # confirmation reset the builds of this target
+            if passing and search.step_past():
+                search.resume()                      # the search's own state again
+                self.owner[spec.name] = site.id
+                result.status = search.status()      # searching, or exhausted at this very step
+                result.exit_reason = ExitReason.BUDGET_SPENT if result.status.final else ExitReason.NONE
+            else:
+                result.status = SiteStatus.FLAKY if finding.flaky else SiteStatus.FOUND
+                result.exit_reason = ExitReason.TRIGGERED_FLAKY if finding.flaky else ExitReason.TRIGGERED
         if result.status.final:
             self._drop(spec, site.id)
             return QuantumOutcome(site.id, result, None, finding, self.name())
@@ -287,6 +296,8 @@ class Worker:
         self.searches[site.id] = search
         for steps, refresh in resume.since:
             again = search.run(int(steps), refresh=bool(refresh))
+            if again.candidate is not None and search.step_past():
+                continue                             # another op's finding, reported when it was first made
             if again.status.final or again.candidate is not None:
                 self.searches.pop(site.id, None)
                 raise CatchUpMismatch(f"re-running the quanta of {site.label} since its checkpoint ended its "

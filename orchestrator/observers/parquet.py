@@ -337,7 +337,7 @@ class ParquetObserver(Observer):
             "training": finding.training, "first_op": first.get("kind", ""),
             "first_op_location": first.get("location", ""),
             "batch_size": int(mini.get("original_batch_size", batch)), "minimised_size": int(batch),
-            "folder": rec.finding or "", "status": "flaky" if flaky else "found",
+            "folder": f"{Path(folder).parent.name}/{Path(folder).name}", "status": "flaky" if flaky else "found",
             "exit_reason": "triggered_flaky" if flaky else "triggered",
             "phase": str(getattr(finding, "phase", "forward")), **precision_columns(finding)})
 

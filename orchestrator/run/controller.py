@@ -285,6 +285,8 @@ class Controller:
         before = rec.status
         if before.final and before is not SiteStatus.STOPPED:
             raise RuntimeError(f"site {rec.site.label} is already {before.value}: it cannot become {status.value}")
+        if rec.passed and not rec.finding and status in _ENDED_WITHOUT_OWN:
+            status, reason = self._passed_status(rec)
         if status is before and reason is rec.exit_reason:
             return
         rec.status, rec.exit_reason = status, reason
@@ -484,7 +486,9 @@ class Controller:
         result = out.result
         self._reported = True
         finding = self._known_as(out.finding) if out.finding is not None else None
-        folder = self._write_finding(rec, finding) if finding is not None else None
+        # another op's finding that the site's search reported and goes on past (the worker left it searching)
+        passed = finding is not None and result.status not in (SiteStatus.FOUND, SiteStatus.FLAKY)
+        folder = self._write_finding(rec, finding, passed) if finding is not None else None
         with self._txn():
             if out.checkpoint is not None:
                 rec.checkpoint = self._write_checkpoint(rec, out.checkpoint)
@@ -498,7 +502,10 @@ class Controller:
             rec.best_loss = min(rec.best_loss, result.best_loss)
             if result.trace:
                 rec.last_loss = result.trace[-1].suspect_loss
-            if folder is not None:
+            if folder is not None and passed:
+                where = folder.relative_to(self.run_dir).as_posix()
+                rec.passed = [*rec.passed, where] if where not in rec.passed else rec.passed
+            elif folder is not None:
                 rec.finding = folder.relative_to(self.run_dir).as_posix()
             if result.reach:
                 rec.reach = result.reach
@@ -508,7 +515,7 @@ class Controller:
                 log.info("%s: its own op %s outside its bounds (%d probe steps)", rec.site.label,
                          "fired" if out.outside else "did not fire", out.probe_steps)
             self.scheduler.on_progress(SiteProgress(rec.site.id, result.steps, losses, rec.best_loss,
-                                                    finding is not None, log_space=result.log_space,
+                                                    status.finding, log_space=result.log_space,
                                                     outside=out.outside))
             if not status.final:                      # else _retire's set_status writes the record
                 self.store.put_site(rec, self._order[rec.site.id])
@@ -529,6 +536,17 @@ class Controller:
             self.scheduler.retire(rec.site.id, status.value)
             self.set_status(rec, status, reason, error=error, traceback=traceback)
 
+    def _passed_status(self, rec: SiteRecord) -> tuple[SiteStatus, ExitReason]:
+        """A site that ends without its own op firing, after its search reported another op's finding
+        and stepped past it, ends with that finding (as a search that stopped there would have)."""
+        rec.finding = rec.passed[0]
+        try:
+            flaky = bool(read_json(self.run_dir / rec.finding / REPORT).get("flaky", False))
+        except (OSError, ValueError):
+            flaky = False
+        return ((SiteStatus.FLAKY, ExitReason.TRIGGERED_FLAKY) if flaky
+                else (SiteStatus.FOUND, ExitReason.TRIGGERED))
+
     # -- writing ---------------------------------------------------------------------------------
     def _known_as(self, finding):
         """The finding as an occurrence of the known bug it is, when the reuse phase replayed that bug
@@ -541,10 +559,11 @@ class Controller:
         return dataclasses.replace(finding, known_as=known, notes=[
             *finding.notes, f"the known bug {known}, found before its line of code moved"])
 
-    def _write_finding(self, rec: SiteRecord, finding) -> Path:
+    def _write_finding(self, rec: SiteRecord, finding, passed: bool = False) -> Path:
         """The finding folder, written once: a driver killed after writing it and resumed finds it again
-        at the same step, and keeps the folder it wrote."""
-        folder = self.run_dir / FINDINGS / finding.folder_name
+        at the same step, and keeps the folder it wrote. A finding the site's search stepped past has a
+        folder of its own beside the site's (``<site's folder>-passed-<step>``)."""
+        folder = self.run_dir / FINDINGS / (finding.folder_name + (f"-passed-{finding.step}" if passed else ""))
         report = folder / REPORT
         if report.is_file():
             try:
@@ -618,6 +637,9 @@ class Controller:
         return sum(1 for s in self.sites.values() if s.status.finding)
 
 
+# a site's ends in which its own op did not fire: with a finding its search stepped past, it is found
+_ENDED_WITHOUT_OWN = (SiteStatus.EXHAUSTED, SiteStatus.RETIRED, SiteStatus.UNREACHABLE, SiteStatus.TIMEOUT)
+
 _RETIREMENTS = {
     "RETIRE_EXHAUSTED": (SiteStatus.EXHAUSTED, ExitReason.BUDGET_SPENT),
     "RETIRE_NO_PROGRESS": (SiteStatus.RETIRED, ExitReason.NO_PROGRESS),
@@ -626,8 +648,10 @@ _RETIREMENTS = {
 
 
 def _outcome_status(result, finding) -> tuple[SiteStatus, ExitReason, failures.Failure | None]:
-    """The status, exit reason and (for an error) classified failure a quantum's result implies."""
-    if finding is not None:
+    """The status, exit reason and (for an error) classified failure a quantum's result implies. A
+    finding of another op that the site's search stepped past (the worker left its status searching,
+    or exhausted at that step) does not end the site: its own op may still go out of its domain."""
+    if finding is not None and result.status in (SiteStatus.FOUND, SiteStatus.FLAKY):
         flaky = bool(getattr(finding, "flaky", False))
         return ((SiteStatus.FLAKY, ExitReason.TRIGGERED_FLAKY) if flaky
                 else (SiteStatus.FOUND, ExitReason.TRIGGERED)) + (None,)

@@ -33,6 +33,9 @@ class SiteRecord:
     mlflow_run_id: str | None = None
     inflight: dict[str, Any] | None = None   # a quantum dispatched and not reported yet: {"action", "steps"}
     reach: dict[str, Any] | None = None  # not triggered within its bounds: how close it came, how far outside
+    # the finding folders of other ops that went non-finite first, which its search reported and stepped
+    # past toward its own op (relative to the run folder)
+    passed: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         s = self.site
@@ -42,7 +45,7 @@ class SiteRecord:
             "status": self.status.value, "exit_reason": self.exit_reason.value, "steps": self.steps,
             "seconds": round(self.seconds, 4), "best_loss": finite(self.best_loss), "finding": self.finding,
             "error": self.error, "traceback": self.traceback, "mlflow_run_id": self.mlflow_run_id,
-            "reach": self.reach,
+            "reach": self.reach, "passed": list(self.passed),
         }
 
 

@@ -58,7 +58,7 @@ CREATE TABLE IF NOT EXISTS sites(
     id TEXT PRIMARY KEY, ord INTEGER NOT NULL, site TEXT NOT NULL, status TEXT NOT NULL, exit_reason TEXT NOT NULL,
     steps INTEGER NOT NULL, seconds REAL NOT NULL, best_loss REAL, last_loss REAL, finding TEXT, error TEXT,
     traceback TEXT, checkpoint TEXT, deaths INTEGER NOT NULL, timeouts INTEGER NOT NULL, mlflow_run_id TEXT,
-    inflight TEXT, updated TEXT, reach TEXT, since TEXT);
+    inflight TEXT, updated TEXT, reach TEXT, since TEXT, passed TEXT);
 CREATE TABLE IF NOT EXISTS scheduler_log(seq INTEGER PRIMARY KEY, call TEXT NOT NULL, args TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS scheduler_state(
     id INTEGER PRIMARY KEY CHECK (id = 1), policy TEXT, seq INTEGER, state TEXT);
@@ -115,7 +115,7 @@ class RunStore:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('store_version', ?)", (str(STORE_VERSION),))
-            for column in ("reach", "since"):     # a run folder written before sites had them
+            for column in ("reach", "since", "passed"):     # a run folder written before sites had them
                 if column not in self._columns("sites"):
                     self._db.execute(f"ALTER TABLE sites ADD COLUMN {column} TEXT")
         self._db.execute("PRAGMA busy_timeout=10000")
@@ -205,26 +205,26 @@ class RunStore:
 
     def put_site(self, rec: SiteRecord, order: int) -> None:
         self._write(
-            "INSERT OR REPLACE INTO sites VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO sites VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (rec.site.id, order, _dumps(rec.site.to_dict()), rec.status.value, rec.exit_reason.value, rec.steps,
              rec.seconds, _real(rec.best_loss), _real(rec.last_loss), rec.finding, rec.error, rec.traceback,
              rec.checkpoint, rec.deaths, rec.timeouts, rec.mlflow_run_id,
              _dumps(rec.inflight) if rec.inflight else None, now(), _dumps(rec.reach) if rec.reach else None,
-             _dumps(rec.since) if rec.since else None))
+             _dumps(rec.since) if rec.since else None, _dumps(rec.passed) if rec.passed else None))
 
     def _columns(self, table: str) -> set[str]:
         return {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
 
     def sites(self) -> list[SiteRecord]:
         columns = self._columns("sites")
-        reach, since = (c if c in columns else "NULL" for c in ("reach", "since"))
+        reach, since, passed = (c if c in columns else "NULL" for c in ("reach", "since", "passed"))
         rows = self._db.execute("SELECT site, status, exit_reason, steps, seconds, best_loss, last_loss, finding, "
                                 f"error, traceback, checkpoint, deaths, timeouts, mlflow_run_id, inflight, {reach}, "
-                                f"{since} FROM sites ORDER BY ord").fetchall()
+                                f"{since}, {passed} FROM sites ORDER BY ord").fetchall()
         return [SiteRecord(OpSite.from_dict(json.loads(r[0])), SiteStatus(r[1]), ExitReason(r[2]), r[3], r[4],
                            _loss(r[5]), _loss(r[6]), r[7], r[8], r[9], r[10], json.loads(r[16]) if r[16] else [],
                            r[11], r[12], r[13], json.loads(r[14]) if r[14] else None,
-                           reach=json.loads(r[15]) if r[15] else None)
+                           reach=json.loads(r[15]) if r[15] else None, passed=json.loads(r[17]) if r[17] else [])
                 for r in rows]
 
     def transition(self, rec: SiteRecord) -> None:

@@ -1,0 +1,185 @@
+"""A bug that another bug hides: the search reports the op that went non-finite first, steps past it,
+and goes on to its own op (GRIST's ID_2: ``log(1 - p)`` fires on the way to ``log(p)``)."""
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from, search_site
+from fuzz_core.search import SearchConfig, SiteSearch
+from orchestrator.cli import app
+from orchestrator.config import load_campaign
+from orchestrator.export import load_run, sarif_log
+from orchestrator.run.campaign import RunOptions, run_campaign
+from records import Recorder, check_run
+
+MASKED = "tests/targets/masked.py:make_target"
+HIT, MISS = "tests/targets/masked.py:15", "tests/targets/masked.py:16"     # log(p), log(1 - p)
+
+
+def _site(runner, location: str):
+    return next(s for s in discover_sites(runner, 0) if s.op == "log" and s.location == location)
+
+
+def test_the_search_reports_the_op_that_fires_first_and_goes_on_to_its_own():
+    spec = TargetSpec("masked", MASKED, {}, "torch", 0)
+    runner = build_runner(spec)
+    site = _site(runner, HIT)
+    config = SearchConfig("random", 300, seed=0)
+
+    plain = search_site(runner, site, config)               # no one to report to: it ends there
+    assert plain.candidate is not None and not plain.candidate.own
+    assert plain.candidate.first_op.location == MISS
+
+    passed = []
+
+    def report(result):
+        passed.append((result.steps, finding_from(runner, spec, site, config, result.candidate, result.seconds)))
+
+    result = search_site(runner, site, config, passed=report)
+    ((step, other),) = passed
+    assert step == plain.steps and other.first_op["location"] == MISS and not other.site_triggered
+    assert other.replays == (3, 3)                           # the other op's finding stands on its own
+    assert result.candidate is not None and result.candidate.own and result.steps > step
+    own = finding_from(runner, spec, site, config, result.candidate, result.seconds)
+    assert own.site_triggered and own.replays == (3, 3) and own.signature != other.signature
+
+
+def test_a_step_whose_only_non_finite_values_are_known_is_an_ordinary_step_and_survives_a_checkpoint():
+    spec = TargetSpec("masked", MASKED, {}, "torch", 0)
+    runner = build_runner(spec)
+    config = SearchConfig("random", 300, seed=0)
+    search = SiteSearch(runner, _site(runner, HIT), config)
+    search.run(300)
+    assert search.can_step_past()
+    values = dict(search.candidate.values)
+    assert search.step_past() and search.passed == [("log", MISS, 0)] and not search.can_step_past()
+
+    arrays, meta = search.checkpoint()
+    again = SiteSearch(runner, _site(runner, HIT), config)
+    again.restore(arrays, json.loads(json.dumps(meta)))
+    assert again.passed == search.passed
+    again._end = again.step + 1
+    ev = again.evaluate(values)                              # log(1 - p) fires again: not an end
+    assert ev.event and not ev.triggered and [o.location for o in ev.origins] == [MISS]
+    assert again.candidate is None and ev.grads is not None  # the site's own gradient, as on any step
+
+    fresh = SiteSearch(runner, _site(runner, HIT), config)  # a search that has not reported it stops
+    fresh._end = fresh.step + 1
+    with pytest.raises(Exception):
+        fresh.evaluate(values)
+    assert fresh.candidate is not None and not fresh.candidate.own
+
+
+def test_only_a_forward_step_of_other_named_ops_with_the_site_input_finite_is_passable():
+    """The site's own input non-finite (its op downstream of the one that fired: nothing further to search
+    for), a backward or update event (the program trained on the step), an op the replay must name, the
+    site's own op: the search ends there, as before."""
+    from fuzz_core.backends.base import Evaluation, OpRef
+
+    spec = TargetSpec("masked", MASKED, {}, "torch", 0)
+    runner = build_runner(spec)
+    search = SiteSearch(runner, _site(runner, HIT), SearchConfig("random", 10, seed=0))
+    other = OpRef("log", "log", MISS, 0)
+
+    def ev(**kw):
+        base = dict(seen=True, hard=1.0, log_loss=1.0, triggered=False, event=True, first_op=other,
+                    phase="forward", origins=[other])
+        return Evaluation(**{**base, **kw})
+
+    assert search._passable(ev(), 1.0) == [("log", MISS, 0)]
+    assert search._passable(ev(), float("inf")) is None              # the site's input went non-finite
+    assert search._passable(ev(phase="backward"), 1.0) is None
+    assert search._passable(ev(trained=True), 1.0) is None
+    assert search._passable(ev(triggered=True), 0.0) is None
+    assert search._passable(ev(origins=None), 1.0) is None
+    unnamed = OpRef("mul", "mul", "<not located: replay names it>", 0)
+    assert search._passable(ev(first_op=unnamed, origins=[unnamed]), 1.0) is None
+
+
+@pytest.mark.tf
+def test_grist_id2a_hidden_by_id2b_is_found_in_the_tf1_program():
+    """GRIST's ID_2 re-expressed as a TF1 graph: the search on ``log(p)`` drives ``log(1 - p)`` out of
+    its domain first (ID_2b), reports it, and goes on to ``log(p)`` itself (ID_2a)."""
+    pytest.importorskip("tensorflow")
+    entry = "benchmarks/grist_suite/tf_programs/id02_github_ips6.py:make_target"
+    spec = TargetSpec("grist-id02", entry, {}, "tensorflow", 0)
+    runner = build_runner(spec)
+    site = next(s for s in discover_sites(runner, 0) if s.location.endswith("id02_github_ips6.py:35"))
+    config = SearchConfig("adaptive", 1000, seed=0)
+    passed = []
+    result = search_site(runner, site, config, passed=passed.append)
+    assert [p.candidate.first_op.location.rsplit(":", 1)[1] for p in passed] == ["36"]
+    assert result.candidate is not None and result.candidate.own
+    finding = finding_from(runner, spec, site, config, result.candidate, result.seconds, minimise_batch=False)
+    assert finding.replays == (3, 3) and finding.site_triggered
+
+
+@pytest.mark.parametrize("strategy, own, actors", [("random", True, 0), ("grist", False, 0),
+                                                   pytest.param("random", True, 1, marks=pytest.mark.ray)])
+def test_a_campaign_keeps_both_findings_and_every_record_agrees(tmp_path: Path, request, strategy: str, own: bool,
+                                                                 actors: int):
+    """``random`` finds the hidden log after stepping past the other; ``grist`` steps past it and spends
+    its budget: the site ends found with the finding it stepped past, as a search that stopped there. On
+    Ray the search goes on in its actor from where it stepped past, as in this process."""
+    if actors:
+        request.getfixturevalue("ray_session")
+    path = tmp_path / "masked.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: masked
+        targets:
+          - {{name: masked, entry: {MASKED}}}
+        search: {{strategy: {strategy}, max_steps: 200, seed: 0}}
+        scheduler: {{policy: round-robin, quantum: 50}}
+        resources: {{num_actors: {actors}, num_cpus: 1, num_gpus: 0}}
+        device: cpu
+        tracking: {{enabled: false}}
+        output: {tmp_path / 'runs'}
+        """))
+    recorder = Recorder()
+    outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False, observers=[recorder]))
+    assert outcome.exit_code == 1
+    summary = check_run(outcome.run_dir)
+    recorder.check_once()
+    assert summary["run"]["executor"] == ("ray" if actors else "local")
+    hit = next(s for s in summary["sites"] if s["location"] == HIT)
+    assert hit["status"] == "found" and len(hit["passed"]) == 1 and "-passed-" in hit["passed"][0]
+    other = json.loads((outcome.run_dir / hit["passed"][0] / "finding.json").read_text())
+    assert other["first_op"]["location"] == MISS and not other["site_triggered"]
+    mine = json.loads((outcome.run_dir / hit["finding"] / "finding.json").read_text())
+    assert mine["site_triggered"] is own and (hit["finding"] == hit["passed"][0]) is not own
+    if not own:
+        assert hit["steps"] == 200 and hit["reach"]             # its own op: the probe's word
+    for folder in {hit["finding"], *hit["passed"]}:
+        done = CliRunner().invoke(app, ["replay", str(outcome.run_dir / folder)])
+        assert done.exit_code == 0, done.output
+    results = sarif_log(*load_run(outcome.run_dir), outcome.run_dir)["runs"][0]["results"]
+    folders = [r["properties"]["finding"] for r in results if r["properties"]["siteId"] == hit["id"]]
+    assert sorted(folders) == sorted((outcome.run_dir / f).as_posix() for f in {hit["finding"], *hit["passed"]})
+
+
+def test_a_worker_reports_the_other_op_keeps_the_site_live_and_a_new_worker_catches_up_past_it():
+    """The worker's quantum that ends on the other op's finding returns it with the site still searching;
+    a worker that rebuilds the site from the quanta since (no checkpoint) steps past the same finding
+    and lands where the live search stood."""
+    from fuzz_core.status import SiteStatus
+    from orchestrator.worker import Resume, Worker, WorkerOptions
+
+    spec = TargetSpec("masked", MASKED, {}, "torch", 0)
+    worker = Worker(WorkerOptions())
+    site = next(s for s in worker.discover(spec) if s.location == HIT)
+    config = SearchConfig("random", 300, seed=0)
+    first = worker.run(spec, site, config, 50, want_checkpoint=False)
+    assert first.finding is not None and not first.finding.site_triggered
+    assert first.result.status is SiteStatus.SEARCHING and first.checkpoint is None
+    n = first.result.steps
+    live = worker.run(spec, site, config, 50, False, Resume(None, (), n), want_checkpoint=False)
+    again = Worker(WorkerOptions()).run(spec, site, config, 50, False, Resume(None, ((n, False),), n),
+                                        want_checkpoint=False)
+    assert [(p.step, p.suspect_loss) for p in again.result.trace] == [(p.step, p.suspect_loss) for p in live.result.trace]
+    assert live.finding is not None and live.finding.site_triggered and live.result.status is SiteStatus.FOUND
+    assert again.finding is not None and again.finding.signature == live.finding.signature
