@@ -47,7 +47,7 @@ CACHE = SUITE / ".cache"
 # committed: the per-(subject, strategy) results RESULTS.md's section was last written from, so that a
 # clean checkout rebuilds the section (--report-only) and reruns only what it changes
 RECORD = SUITE / "record"
-RUNNER_VERSION = "2"            # bump when what a worker measures changes
+RUNNER_VERSION = "3"            # bump when what a worker measures changes
 REGISTRIES = {"torch": "benchmarks.grist_suite.subjects_torch",
               "tensorflow": "benchmarks.grist_suite.subjects_tf"}
 STRATEGIES = ("adaptive", "grist", "random")
@@ -227,11 +227,56 @@ def search_group(framework: str, sid: int, strategy: str, max_steps: int, seed: 
                                "fresh_replay": None, "error": None}
         watched = _Watched(runner)
         t0 = time.perf_counter()
+        passed: list[dict[str, Any]] = []
+
+        def confirm_into(entry: dict[str, Any], result) -> None:
+            """A candidate's fields, its confirmation (the engine's replays), its folder and a replay of
+            the folder in a fresh build, into ``entry``."""
+            cand = result.candidate
+            entry.update(candidate=True, candidate_first_op=_op_dict(cand.first_op), candidate_step=int(cand.step),
+                         training=bool(cand.training))
+            t1 = time.perf_counter()
+            try:
+                finding = finding_from(runner, spec, site, config, cand, result.seconds, minimise_batch=False)
+            except Exception as exc:  # noqa: BLE001
+                finding = None
+                entry["error"] = f"confirm: {_tail(exc)}"
+            if finding is not None:
+                done, of = getattr(finding, "replays", (1, 1))
+                entry["engine_replays"] = [int(done), int(of)]
+                entry["confirmed"] = done == of          # every replay of the engine's own reproduced it
+                entry["own"] = bool(getattr(finding, "site_triggered", True))
+                entry["phase"] = getattr(finding, "phase", "forward")
+                entry["first_op"] = finding.first_op
+                folder = findings_dir / finding.folder_name
+                try:
+                    write_finding(finding, folder)
+                    entry["finding"] = _rel(folder)
+                    runner.reset()                     # as the engine does before a new build
+                    fresh = build_runner(spec, options)
+                    loaded = load_finding(folder)
+                    check = replay(fresh, loaded)
+                    entry["fresh_replay"] = _replays(check, site, loaded.report)
+                    entry["fresh_first_op"] = _op_dict(check.first_op)
+                except Exception as exc:  # noqa: BLE001 - a replay that raises fails
+                    entry["fresh_replay"] = False
+                    entry["error"] = f"fresh replay: {_tail(exc)}"
+            entry["confirm_s"] = round(time.perf_counter() - t1, 4)     # end to end: see end_to_end
+            entry["since_launch_s"] = round(time.time() - t_launch, 4)
+            runner.reset()
+
+        def step_past(result) -> None:
+            """Another op's finding that the search reported and stepped past: a record of its own."""
+            entry = {**rec, "steps": int(result.steps), "search_s": round(float(result.seconds), 4),
+                     "status": "stepped past", "passed": True}
+            confirm_into(entry, result)
+            passed.append(entry)
+
         try:
-            result = search_site(watched, site, config)
+            result = search_site(watched, site, config, passed=step_past)
         except Exception as exc:  # noqa: BLE001 - the engine crashed on this site: record, rebuild, go on
             rec.update(error=f"search: {_tail(exc)}", steps=None, search_s=round(time.perf_counter() - t0, 4))
-            out["sites"].append(rec)
+            out["sites"].extend([*passed, rec])
             try:
                 runner = build_runner(spec, options)
             except Exception:  # noqa: BLE001
@@ -242,41 +287,9 @@ def search_group(framework: str, sid: int, strategy: str, max_steps: int, seed: 
                    exit_reason=str(getattr(result, "exit_reason", "")), best_loss=_finite(result.best_loss),
                    events=events, event_ops=event_ops, probe_events=probe_events,
                    reach=json.loads(json.dumps(getattr(result, "reach", None), default=str)))
-        cand = result.candidate
-        if cand is not None:
-            rec["candidate"] = True
-            rec["candidate_first_op"] = _op_dict(cand.first_op)
-            rec["candidate_step"] = int(cand.step)
-            rec["training"] = bool(cand.training)
-            t1 = time.perf_counter()
-            try:
-                finding = finding_from(runner, spec, site, config, cand, result.seconds, minimise_batch=False)
-            except Exception as exc:  # noqa: BLE001
-                finding = None
-                rec["error"] = f"confirm: {_tail(exc)}"
-            if finding is not None:
-                done, of = getattr(finding, "replays", (1, 1))
-                rec["engine_replays"] = [int(done), int(of)]
-                rec["confirmed"] = done == of          # every replay of the engine's own reproduced it
-                rec["own"] = bool(getattr(finding, "site_triggered", True))
-                rec["phase"] = getattr(finding, "phase", "forward")
-                rec["first_op"] = finding.first_op
-                folder = findings_dir / finding.folder_name
-                try:
-                    write_finding(finding, folder)
-                    rec["finding"] = _rel(folder)
-                    runner.reset()                     # as the engine does before a new build
-                    fresh = build_runner(spec, options)
-                    loaded = load_finding(folder)
-                    check = replay(fresh, loaded)
-                    rec["fresh_replay"] = _replays(check, site, loaded.report)
-                    rec["fresh_first_op"] = _op_dict(check.first_op)
-                except Exception as exc:  # noqa: BLE001 - a replay that raises fails
-                    rec["fresh_replay"] = False
-                    rec["error"] = f"fresh replay: {_tail(exc)}"
-            rec["confirm_s"] = round(time.perf_counter() - t1, 4)     # end to end: see end_to_end
-            rec["since_launch_s"] = round(time.time() - t_launch, 4)
-            runner.reset()
+        if result.candidate is not None:
+            confirm_into(rec, result)
+        out["sites"].extend(passed)
         out["sites"].append(rec)
     return out
 
