@@ -160,6 +160,13 @@ def test_a_campaign_keeps_both_findings_and_every_record_agrees(tmp_path: Path, 
     results = sarif_log(*load_run(outcome.run_dir), outcome.run_dir)["runs"][0]["results"]
     folders = [r["properties"]["finding"] for r in results if r["properties"]["siteId"] == hit["id"]]
     assert sorted(folders) == sorted((outcome.run_dir / f).as_posix() for f in {hit["finding"], *hit["passed"]})
+    if actors:
+        return
+    done = CliRunner().invoke(app, ["report", str(outcome.run_dir)])      # a page per finding, both in the table
+    assert done.exit_code == 0, done.output
+    pages = {p.name for p in (outcome.run_dir / "report").rglob("*.html")}
+    assert {Path(f).name + ".html" for f in {hit["finding"], *hit["passed"]}} <= pages
+    assert ("(stepped past)" in (outcome.run_dir / "report" / "index.html").read_text()) is own
 
 
 def test_a_worker_reports_the_other_op_keeps_the_site_live_and_a_new_worker_catches_up_past_it():

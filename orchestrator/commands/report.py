@@ -122,9 +122,9 @@ def load_run(run_dir: Path) -> RunData:
     campaign = (data.summary.get("campaign") or {}).get("name", "")
     _read_traces(data, run_dir.parent, campaign, run_dir.name)
     for site in data.summary.get("sites", []):
-        if site.get("finding"):
+        for key, entry in finding_entries(site):
             try:
-                data.findings[site["id"]] = read_json(run_dir / site["finding"] / "finding.json")
+                data.findings[key] = read_json(run_dir / entry["finding"] / "finding.json")
             except (OSError, ValueError) as exc:
                 log.warning("report: cannot read the finding of %s: %s", site.get("label"), exc)
     from fuzz_core.dedupe import BugDatabase
@@ -420,14 +420,15 @@ def _targets_table(data: RunData) -> str:
 
 def _findings_table(data: RunData, sites: list[dict[str, Any]], pages: dict[str, str]) -> str:
     rows = []
-    for s in sites:
-        report = data.findings.get(s["id"])
+    for key, s in ((k, e) for site in sites for k, e in finding_entries(site)):
+        report = data.findings.get(key)
         if report is None:
             continue
         mini = report.get("minimised") or {}
         size = f"{mini.get('original_batch_size', report.get('batch_size'))} → {report.get('batch_size')}"
-        href = pages.get(s["id"])
-        name = f"<a href='{_e(href)}'>{_e(s.get('label'))}</a>" if href else _e(s.get("label"))
+        href = pages.get(key)
+        label = s.get("label") if key == s["id"] else f"{s.get('label')} (stepped past)"
+        name = f"<a href='{_e(href)}'>{_e(label)}</a>" if href else _e(label)
         rows.append(
             f"<tr><td class='label'>{name}</td><td>{_e(report.get('hazard'))}</td>"
             f"<td>{_first_op(report.get('first_op'), report.get('phase'))}</td>"
@@ -747,6 +748,13 @@ def write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def finding_entries(site: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(key, site as its finding's page shows it) per finding of a site: its own (key: the site's id) and
+    each other op's finding its search stepped past (key: that finding's folder)."""
+    own = [(site["id"], site)] if site.get("finding") else []
+    return own + [(p, {**site, "finding": p}) for p in site.get("passed") or [] if p != site.get("finding")]
+
+
 def finding_page_name(site: dict[str, Any]) -> str:
     return f"{FINDING_PAGES}/{Path(str(site['finding'])).name}.html"
 
@@ -758,9 +766,9 @@ def write_report(run_dir: Path) -> Path:
     sites = ordered_sites(data.summary)
     sources = _Sources(data)
     pages: dict[str, str] = {}
-    for site in sites:
-        report = data.findings.get(site["id"])
-        if report is None or not site.get("finding"):
+    for key, site in ((k, e) for s in sites for k, e in finding_entries(s)):
+        report = data.findings.get(key)
+        if report is None:
             continue
         name = finding_page_name(site)
         try:
@@ -768,7 +776,7 @@ def write_report(run_dir: Path) -> Path:
         except Exception as exc:  # noqa: BLE001 - one broken finding must not lose the report
             log.warning("report: cannot write the page of %s: %s", site.get("label"), exc)
             continue
-        pages[site["id"]] = name
+        pages[key] = name
     page = out / INDEX
     write_text(page, render_index(data, sites, pages))
     return page
