@@ -616,8 +616,10 @@ def miss_note(bug: Bug, res: dict | None) -> str | None:
 
 def _ended_elsewhere(bug: Bug, searched: list[dict]) -> str | None:
     """The bug's own site was searched, and its search ended with another op's finding (the first
-    op to go non-finite was elsewhere: GRIST's ID_2a, whose ``log(p)`` search drove ``log(1 - p)``,
-    ID_2b, out of its domain first). The site is not unsearched: it stopped before its op fired.
+    op to go non-finite was elsewhere, and the search could not step past it: a NaN in the training
+    step, or one that reached the site's own input; GRIST's ID_2a, whose ``log(p)`` search drives
+    ``log(1 - p)``, ID_2b, out of its domain first, ended so until searches stepped past such findings).
+    The site is not unsearched: it stopped before its op fired.
     ``searched``: the group's searched sites of the bug's op (none of them at the bug: ``at_bug``)."""
     path, lines = bug_lines(bug)
     ended = [s for s in searched if on_lines(s.get("location"), path, lines)
