@@ -115,6 +115,12 @@ class Finding:
     def folder_name(self) -> str:
         return _SAFE.sub("_", f"{self.site.target}-{self.site.op}-{self.site.id}")
 
+    @property
+    def passed_folder_name(self) -> str:
+        """The folder of another op's finding that the site's search stepped past (:meth:`SiteSearch.step_past`):
+        beside the site's own, which a later finding of the same search takes."""
+        return f"{self.folder_name}-passed-{self.step}"
+
     def report(self, folder: Path | None = None) -> dict[str, Any]:
         batch = next(iter(self.inputs.values())).shape[0] if self.inputs else 0
         replay = f"cdeepfuzz replay {folder.as_posix()}" if folder is not None else "cdeepfuzz replay <this folder>"

@@ -173,3 +173,25 @@ def test_a_program_trained_before_the_search_is_trained_once_and_every_build_loa
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert sorted(load_arrays(files[0])) == sorted(names)
     assert [f.name for f in tmp_path.iterdir()] == [files[0].name]      # no temp file left
+
+
+def test_the_suite_keeps_a_stepped_past_finding_in_a_folder_of_its_own(tmp_path):
+    """GRIST's ID_2: the ``log(p)`` site's search reports ID_2b's ``log(1 - p)`` and goes on to ID_2a; the
+    suite records both, each in its own folder (the later finding once took the first one's), and each
+    folder replays in a fresh build as its record says."""
+    import time
+
+    from benchmarks.grist_suite import run as suite
+    from benchmarks.grist_suite.subjects_tf import SUBJECTS as TF
+
+    subject = next(s for s in TF if s.id == 2)
+    (group,) = suite.groups(subject)
+    bug = next(b for b in subject.bugs if b.id == "ID_2a")
+    out = suite.search_group("tensorflow", 2, "adaptive", 1000, 0, group, time.time(), tmp_path,
+                             only=suite.bug_lines(bug))
+    passed, own = out["sites"]
+    assert passed["status"] == "stepped past" and passed["own"] is False and own["own"] is True
+    assert passed["first_op"]["location"].endswith(":36") and own["first_op"]["location"].endswith(":35")
+    assert passed["finding"] != own["finding"] and "-passed-" in passed["finding"]
+    assert passed["fresh_replay"] and own["fresh_replay"] and own["steps"] > passed["steps"]
+    assert suite.at_bug(own, bug) and not suite.at_bug(passed, bug)

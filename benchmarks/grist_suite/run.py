@@ -229,9 +229,10 @@ def search_group(framework: str, sid: int, strategy: str, max_steps: int, seed: 
         t0 = time.perf_counter()
         passed: list[dict[str, Any]] = []
 
-        def confirm_into(entry: dict[str, Any], result) -> None:
+        def confirm_into(entry: dict[str, Any], result, passed: bool = False) -> None:
             """A candidate's fields, its confirmation (the engine's replays), its folder and a replay of
-            the folder in a fresh build, into ``entry``."""
+            the folder in a fresh build, into ``entry``. ``passed``: another op's finding the search steps
+            past, whose folder the site's later finding must not take (as a campaign names it)."""
             cand = result.candidate
             entry.update(candidate=True, candidate_first_op=_op_dict(cand.first_op), candidate_step=int(cand.step),
                          training=bool(cand.training))
@@ -248,7 +249,7 @@ def search_group(framework: str, sid: int, strategy: str, max_steps: int, seed: 
                 entry["own"] = bool(getattr(finding, "site_triggered", True))
                 entry["phase"] = getattr(finding, "phase", "forward")
                 entry["first_op"] = finding.first_op
-                folder = findings_dir / finding.folder_name
+                folder = findings_dir / (finding.passed_folder_name if passed else finding.folder_name)
                 try:
                     write_finding(finding, folder)
                     entry["finding"] = _rel(folder)
@@ -269,7 +270,7 @@ def search_group(framework: str, sid: int, strategy: str, max_steps: int, seed: 
             """Another op's finding that the search reported and stepped past: a record of its own."""
             entry = {**rec, "steps": int(result.steps), "search_s": round(float(result.seconds), 4),
                      "status": "stepped past", "passed": True}
-            confirm_into(entry, result)
+            confirm_into(entry, result, passed=True)
             passed.append(entry)
 
         try:

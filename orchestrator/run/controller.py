@@ -563,7 +563,7 @@ class Controller:
         """The finding folder, written once: a driver killed after writing it and resumed finds it again
         at the same step, and keeps the folder it wrote. A finding the site's search stepped past has a
         folder of its own beside the site's (``<site's folder>-passed-<step>``)."""
-        folder = self.run_dir / FINDINGS / (finding.folder_name + (f"-passed-{finding.step}" if passed else ""))
+        folder = self.run_dir / FINDINGS / (finding.passed_folder_name if passed else finding.folder_name)
         report = folder / REPORT
         if report.is_file():
             try:
