@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -317,12 +318,28 @@ class Worker:
 
 
 def _set_threads(n: int) -> None:
+    """The worker's CPU share as each framework's thread count. The count changes the order of float
+    reductions, and with it a search that rides the program's training: a TF1 graph's session on TF's
+    default pools (one thread per core) went elsewhere from run to run, and a resumed campaign could not
+    land where the uninterrupted one did. TensorFlow reads its pools' sizes once, when it starts: unless
+    the user set them, they are set here before it does (in a process that started it already, its
+    threading API refuses, and the pools stay as they are)."""
+    n = max(1, int(n))
     try:
         import torch
 
-        torch.set_num_threads(max(1, int(n)))
+        torch.set_num_threads(n)
     except Exception:  # noqa: BLE001 - torch is optional in a TF-only worker
         pass
+    for var in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        os.environ.setdefault(var, str(n))
+    if "tensorflow" in sys.modules:
+        try:
+            tf = sys.modules["tensorflow"]
+            tf.config.threading.set_intra_op_parallelism_threads(int(os.environ["TF_NUM_INTRAOP_THREADS"]))
+            tf.config.threading.set_inter_op_parallelism_threads(int(os.environ["TF_NUM_INTEROP_THREADS"]))
+        except Exception:  # noqa: BLE001 - RuntimeError once TF's runtime has started
+            pass
 
 
 def reach_verdict(search, steps: int) -> tuple[bool | None, int]:

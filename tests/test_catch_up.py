@@ -217,3 +217,13 @@ def test_a_checkpoint_is_a_copy_that_the_search_it_came_from_does_not_change():
         again = search()
         again.restore(arrays, meta)
         assert trace(again.run(40)) == after
+
+
+def test_a_worker_gives_tensorflow_its_cpu_share_unless_the_user_chose(monkeypatch):
+    """TF reads its thread pools' sizes once, at start: the worker sets them (as torch's) before a TF target
+    is built, so a TF1 graph's float reductions run in one order whatever the machine's cores; a count the
+    user set stays."""
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
+    monkeypatch.setenv("TF_NUM_INTEROP_THREADS", "3")
+    Worker(WorkerOptions(num_threads=2))
+    assert os.environ["TF_NUM_INTRAOP_THREADS"] == "2" and os.environ["TF_NUM_INTEROP_THREADS"] == "3"
