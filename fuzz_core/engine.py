@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fuzz_core.backends import detect_framework, load_backend
-from fuzz_core.backends.base import CheckResult, Precision, RunnerOptions
+from fuzz_core.backends.base import NOT_LOCATED, CheckResult, Precision, RunnerOptions
 from fuzz_core.findings import Finding, LoadedFinding
 from fuzz_core.loader import call_factory, load_factory
 from fuzz_core.search import Candidate, QuantumResult, SearchConfig, SiteSearch, site_rng
@@ -77,7 +77,6 @@ def confirm(runner, site: OpSite, inputs: dict[str, np.ndarray], state: dict | N
     return runner.check(inputs, seed)
 
 
-NOT_LOCATED = "<not located"
 
 
 def same_op(a: Any, b: Any) -> bool:
@@ -395,9 +394,6 @@ def search_site(runner, site: OpSite, config: SearchConfig,
     search = SiteSearch(runner, site, config)
     result = search.run(config.max_steps)
     while passed is not None and search.can_step_past():
-        search.park()
-        passed(result)
-        search.step_past()
-        search.resume()
+        search.report_and_step_past(lambda: passed(result))
         result = search.run(config.max_steps - search.step)
     return result

@@ -12,7 +12,7 @@ import hashlib
 import math
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -21,6 +21,8 @@ from fuzz_core.catalogue import DEFAULT_CATALOGUE, OpSpec
 from fuzz_core.sites import OpSite
 from fuzz_core.status import ExitReason, SiteStatus
 from fuzz_core.strategies import STRATEGIES, make_strategy
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -233,12 +235,10 @@ class SiteSearch:
         named, in the forward pass (so the program did not train on the step), and the site's own
         input still finite (its op is not downstream of theirs: it can still go out of its domain
         first)."""
-        if ev.triggered or ev.phase != "forward" or ev.trained or not ev.origins or not math.isfinite(loss):
+        if (ev.triggered or ev.phase != "forward" or ev.trained or not ev.origins or not math.isfinite(loss)
+                or not all(o.located for o in ev.origins)):
             return None
-        keys = [(o.op, o.location, int(o.occurrence)) for o in ev.origins]
-        if any(loc.startswith("<not located") for _, loc, _ in keys):
-            return None
-        return keys
+        return [(o.op, o.location, int(o.occurrence)) for o in ev.origins]
 
     def can_step_past(self) -> bool:
         """The search ended on another op's non-finite value, and may go on past it (:meth:`step_past`)."""
@@ -256,6 +256,16 @@ class SiteSearch:
         self.passed.extend(k for k in dict.fromkeys(self._passing) if k not in self.passed)
         self.candidate, self._passing = None, None
         return True
+
+    def report_and_step_past(self, report: Callable[[], T]) -> T:
+        """``report()`` the other op's finding the search ended on (a confirmation replays it on fresh
+        builds, which resets this runner), then :meth:`step_past` it with the search's own model state
+        back in the runner. Returns what ``report`` returned."""
+        self.park()
+        out = report()
+        self.step_past()
+        self.resume()
+        return out
 
     def freeze(self) -> None:
         """From now on every step starts from the site's start state (the factory's): the program's

@@ -266,18 +266,18 @@ class Worker:
         self._check_isolation(spec, runner, site.id)
         finding = None
         if result.candidate is not None:
-            passing = search.can_step_past()         # another op went non-finite first: report it, go on
-            if passing:
-                search.park()
-            finding = finding_from(runner, spec, site, config, result.candidate, result.seconds,
-                                   device=str(getattr(runner, "device", "cpu")), minimise_batch=self.options.minimise)
-            self.owner.pop(spec.name, None)          # confirmation reset the builds of this target
-            if passing and search.step_past():
-                search.resume()                      # the search's own state again
-                self.owner[spec.name] = site.id
+            def confirm():
+                return finding_from(runner, spec, site, config, result.candidate, result.seconds,
+                                    device=str(getattr(runner, "device", "cpu")), minimise_batch=self.options.minimise)
+
+            if search.can_step_past():               # another op went non-finite first: report it, go on
+                finding = search.report_and_step_past(confirm)
+                self.owner[spec.name] = site.id      # its confirmation reset the builds; the search's state is back
                 result.status = search.status()      # searching, or exhausted at this very step
                 result.exit_reason = ExitReason.BUDGET_SPENT if result.status.final else ExitReason.NONE
             else:
+                finding = confirm()
+                self.owner.pop(spec.name, None)      # confirmation reset the builds of this target
                 result.status = SiteStatus.FLAKY if finding.flaky else SiteStatus.FOUND
                 result.exit_reason = ExitReason.TRIGGERED_FLAKY if finding.flaky else ExitReason.TRIGGERED
         if result.status.final:
@@ -318,12 +318,13 @@ class Worker:
 
 
 def _set_threads(n: int) -> None:
-    """The worker's CPU share as each framework's thread count. The count changes the order of float
-    reductions, and with it a search that rides the program's training: a TF1 graph's session on TF's
-    default pools (one thread per core) went elsewhere from run to run, and a resumed campaign could not
-    land where the uninterrupted one did. TensorFlow reads its pools' sizes once, when it starts: unless
-    the user set them, they are set here before it does (in a process that started it already, its
-    threading API refuses, and the pools stay as they are)."""
+    """The worker's CPU share as each framework's thread count: the count changes the order of float
+    reductions, and with it a search that rides the program's training (on TF's default pools, one
+    thread per core, a TF1 graph's reductions follow the machine's cores). TensorFlow reads its pools'
+    sizes once, when it starts: unless the user set them, they are set here before it does (in a process
+    that started it already, its threading API refuses, and the pools stay as they are). Not enough on
+    its own for two Ray runs of a TF campaign to agree on a long search: with Python's hash seed left
+    random they did not always (GRIST's ID_2a site, 2026-12-05)."""
     n = max(1, int(n))
     try:
         import torch

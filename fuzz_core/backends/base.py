@@ -19,6 +19,9 @@ WEIGHT_PREFIX = "weight:"
 LOG_TAU = 0.5   # soft-minimum temperature of log-space losses (nats)
 
 
+NOT_LOCATED = "<not located"   # how a location starts that the search could not name (a replay names it)
+
+
 @dataclass(frozen=True)
 class OpRef:
     """An executed op, named for people: the first one that went non-finite."""
@@ -36,6 +39,11 @@ class OpRef:
         if self.column is None:
             object.__setattr__(self, "column", column_of(self.location))
         object.__setattr__(self, "location", str(self.location))
+
+    @property
+    def located(self) -> bool:
+        """The search named where the op is (it names only catalogued ops' calls)."""
+        return not self.location.startswith(NOT_LOCATED)
 
     @property
     def position(self) -> str:

@@ -286,6 +286,7 @@ class Controller:
         if before.final and before is not SiteStatus.STOPPED:
             raise RuntimeError(f"site {rec.site.label} is already {before.value}: it cannot become {status.value}")
         if rec.passed and not rec.finding and status in _ENDED_WITHOUT_OWN:
+            rec.finding = rec.passed[0]
             status, reason = self._passed_status(rec)
         if status is before and reason is rec.exit_reason:
             return
@@ -538,8 +539,8 @@ class Controller:
 
     def _passed_status(self, rec: SiteRecord) -> tuple[SiteStatus, ExitReason]:
         """A site that ends without its own op firing, after its search reported another op's finding
-        and stepped past it, ends with that finding (as a search that stopped there would have)."""
-        rec.finding = rec.passed[0]
+        and stepped past it, ends with that finding (its ``finding``), as a search that stopped there
+        would have: found, or flaky as that finding is."""
         try:
             flaky = bool(read_json(self.run_dir / rec.finding / REPORT).get("flaky", False))
         except (OSError, ValueError):
