@@ -64,13 +64,19 @@ def load_run(run_dir: Path | str) -> tuple[dict[str, Any], dict[str, dict[str, A
         raise ExportError(f"{run_dir}: not a run folder ({SUMMARY}: {exc})") from None
     findings = {}
     for site in summary.get("sites", []):
-        for key, folder in [(site["id"], site.get("finding")), *((p, p) for p in site.get("passed") or [])]:
+        for key, folder in [(site["id"], site.get("finding")), *((p, p) for p in stepped_past(site))]:
             if folder:
                 try:
                     findings[key] = read_json(run_dir / folder / REPORT)
                 except (OSError, ValueError):
                     continue       # a finding folder lost since: the site still reports from summary.json
     return summary, findings
+
+
+def stepped_past(site: dict[str, Any]) -> list[str]:
+    """The folders of other ops' findings a site's search stepped past (its ``passed``), less the one
+    that is the site's own ``finding`` (a site that ended without its own op firing)."""
+    return [p for p in site.get("passed") or [] if p != site.get("finding")]
 
 
 def _rel(run_dir: Path, folder: str) -> str:
@@ -161,8 +167,7 @@ def _junit_case(suite: ET.Element, campaign: str, site: dict[str, Any], finding:
                       f"regression test: pytest {folder}/{TEST_FILE}"]
         for note in (finding or {}).get("notes") or []:
             lines.append(f"note: {note}")
-        lines += [f"stepped past on the way (another op's finding): {_rel(run_dir, p)}"
-                  for p in site.get("passed") or [] if p != site.get("finding")]
+        lines += [f"stepped past on the way (another op's finding): {_rel(run_dir, p)}" for p in stepped_past(site)]
         failure = ET.SubElement(case, "failure", message=message, type=_bug(site, finding or {})[2])
         failure.text = "\n".join(lines)
         return "failures"
@@ -234,7 +239,7 @@ def sarif_log(summary: dict[str, Any], findings: dict[str, dict[str, Any]], run_
         entries = [(site.get("finding"), findings.get(site["id"]) or {}, site.get("status"), site.get("steps"))
                    ] if found else []
         entries += [(p, findings[p], "flaky" if findings[p].get("flaky") else "found", findings[p].get("step"))
-                    for p in site.get("passed") or [] if p != site.get("finding") and p in findings]
+                    for p in stepped_past(site) if p in findings]
         for where, finding, status, steps in entries:
             results.append(_sarif_result(rules, site, finding, status, steps, _rel(run_dir, where) if where else None))
     run_info = summary.get("run") or {}

@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 
 from fuzz_core.io import atomic_write_bytes, load_arrays, read_json
 from fuzz_core.sites import position_of
+from orchestrator.export import stepped_past
 from orchestrator.observers.summary import FILENAME as SUMMARY
 
 log = logging.getLogger(__name__)
@@ -752,7 +753,7 @@ def finding_entries(site: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(key, site as its finding's page shows it) per finding of a site: its own (key: the site's id) and
     each other op's finding its search stepped past (key: that finding's folder)."""
     own = [(site["id"], site)] if site.get("finding") else []
-    return own + [(p, {**site, "finding": p}) for p in site.get("passed") or [] if p != site.get("finding")]
+    return own + [(p, {**site, "finding": p}) for p in stepped_past(site)]
 
 
 def finding_page_name(site: dict[str, Any]) -> str:
