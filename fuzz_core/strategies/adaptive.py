@@ -102,6 +102,7 @@ QN_DEMOTE = True         # a quasi-Newton step tried first and rejected goes aft
 DRIFT_CRN = True         # a drift (and its restart) keeps the randomness its point was measured under
 DEDUPE = True            # a list of mutations proposes each batch once (kinds that coincide in the box, repeats)
 FIRST_CUT = True         # a first point whose edge is out of the box's reach skips the shorter steps and sign step
+STUCK_REFRESH = True     # a drift step that neither trained nor moved the inputs refreshes samples at once
 
 
 class Adaptive(Strategy):
@@ -341,12 +342,13 @@ class Adaptive(Strategy):
             s.cache["current"] = ev
             return
         arm = DRIFT_ARMS[self._drift_arm(st, s.last_loss)]
+        before = s.values
         if ev.grads is not None and ev.connected:
             ahead = ev.train_grads if arm != "grad" else None
             if arm == "row" and ahead is not None:
                 ahead = _rows_only(ahead, self._weakest_rows(s, ev))
             s.values = drift_step(s.values, ev.grads, ahead, DRIFT_FRACTION, s.bounds)
-        if st["drift_steps"] % DRIFT_REFRESH == 0:
+        if st["drift_steps"] % DRIFT_REFRESH == 0 or (STUCK_REFRESH and _stuck(ev, before, s.values)):
             refresh_samples(s, DRIFT_REFRESH_FRACTION, ev.per_sample)
 
     @staticmethod
@@ -609,6 +611,17 @@ def box_reach(x: dict[str, np.ndarray], g: dict[str, np.ndarray], bounds: dict[s
         gk = np.asarray(gk, dtype=np.float64)
         total += float(np.where(gk > 0, gk * (v - lo), gk * (v - hi)).sum())
     return total
+
+
+def _stuck(ev: Evaluation, before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> bool:
+    """A drift step the next one would repeat: the program did not train on it (a non-finite value of
+    an op the search stepped past skips the training step) and the sign step left every input where it
+    was (pinned at the box's corner). Under the drift's fixed randomness (:data:`DRIFT_CRN`) the next
+    step is this one again, and so is every step until the periodic refresh. GRIST TF ID_2a: past
+    ``log(1 - p)``, which fires on every step once a softmax output rounds to 1, the drift stood on one
+    loss for up to 95 steps at a time; a campaign's scheduler, seeing the plateau, refreshed it out
+    (found at step 294, against 1000 steps unfound in the same campaign without those refreshes)."""
+    return not ev.trained and all(after[k] is v or np.array_equal(after[k], v) for k, v in before.items())
 
 
 def _rows_only(g: dict[str, np.ndarray], rows: list[int]) -> dict[str, np.ndarray]:
