@@ -322,9 +322,9 @@ def _set_threads(n: int) -> None:
     reductions, and with it a search that rides the program's training (on TF's default pools, one
     thread per core, a TF1 graph's reductions follow the machine's cores). TensorFlow reads its pools'
     sizes once, when it starts: unless the user set them, they are set here before it does (in a process
-    that started it already, its threading API refuses, and the pools stay as they are). Not enough on
-    its own for two Ray runs of a TF campaign to agree on a long search: with Python's hash seed left
-    random they did not always (GRIST's ID_2a site, 2026-12-05)."""
+    that started it already, its threading API refuses, and the pools stay as they are). Two runs with
+    more than one actor can still differ: the scheduler's decisions follow the order in which quanta
+    finish (README, "Repeatable runs")."""
     n = max(1, int(n))
     try:
         import torch
