@@ -190,3 +190,54 @@ def test_a_worker_reports_the_other_op_keeps_the_site_live_and_a_new_worker_catc
     assert [(p.step, p.suspect_loss) for p in again.result.trace] == [(p.step, p.suspect_loss) for p in live.result.trace]
     assert live.finding is not None and live.finding.site_triggered and live.result.status is SiteStatus.FOUND
     assert again.finding is not None and again.finding.signature == live.finding.signature
+
+
+@pytest.mark.mlflow
+@pytest.mark.parametrize("max_site_runs", [100, 0])
+def test_mlflow_keeps_the_stepped_past_finding_beside_the_sites_own(tmp_path: Path, max_site_runs: int):
+    """The site's run holds its own finding under ``finding/`` and the one it stepped past under
+    ``passed/<folder>/``: the second no longer replaces the first's files. Above ``max_site_runs``,
+    each finding has a run of its own."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{(tmp_path / 'mlflow.db').resolve().as_posix()}"
+    path = tmp_path / "masked.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: masked-mlflow
+        targets:
+          - {{name: masked, entry: {MASKED}}}
+        search: {{strategy: random, max_steps: 200, seed: 0}}
+        scheduler: {{policy: round-robin, quantum: 50}}
+        resources: {{num_actors: 0, num_cpus: 1, num_gpus: 0}}
+        device: cpu
+        tracking: {{uri: '{uri}', max_site_runs: {max_site_runs}}}
+        output: {tmp_path / 'runs'}
+        """))
+    outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False))
+    assert outcome.exit_code == 1
+    summary = check_run(outcome.run_dir)
+    hit = next(s for s in summary["sites"] if s["location"] == HIT)
+    (passed,) = hit["passed"]
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("masked-mlflow")
+    runs = client.search_runs([experiment.experiment_id], f"tags.`site.id` = '{hit['id']}'")
+
+    def report(run, artifact: str) -> dict:
+        return json.loads(Path(client.download_artifacts(run.info.run_id, artifact, str(tmp_path))).read_text())
+
+    if max_site_runs:
+        (run,) = runs
+        assert report(run, "finding/finding.json")["site_triggered"]
+        assert not report(run, f"passed/{Path(passed).name}/finding.json")["site_triggered"]
+        assert run.data.tags["passed"] == Path(passed).name
+        assert run.data.tags["signature"] == report(run, "finding/finding.json")["signature"]
+        # a fix of the stepped-past finding is recorded beside it, not over the site's own finding
+        done = CliRunner().invoke(app, ["fix", str(outcome.run_dir / passed), "--budget", "10"])
+        assert "recorded on run" in done.output, done.output
+        run = client.get_run(run.info.run_id)
+        assert "fix" in report(run, f"passed/{Path(passed).name}/finding.json")
+        assert "fix" not in report(run, "finding/finding.json")
+        assert f"passed.{Path(passed).name}.fix.verdict" in run.data.tags and "fix.verdict" not in run.data.tags
+    else:
+        assert len(runs) == 2
+        assert sorted(report(r, "finding/finding.json")["site_triggered"] for r in runs) == [False, True]

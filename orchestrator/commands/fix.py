@@ -86,6 +86,9 @@ def record(folder: Path, section: dict[str, Any], tracking_uri: str | None = Non
         except (OSError, ValueError):
             summary = {}
     site = _site_of(folder, run_dir, summary)
+    # a finding the site's search stepped past (another op's): recorded beside the site's own finding,
+    # in the site's run, under passed/<folder>/ (and its tags prefixed so), as the MLflow observer logs it
+    past = _passed_by(folder, run_dir, summary)
     run = summary.get("run") if isinstance(summary.get("run"), dict) else {}
     if not summary:
         return said("not recorded: the finding is not in a run folder with a summary.json (<run>/findings/<name>), "
@@ -100,7 +103,8 @@ def record(folder: Path, section: dict[str, Any], tracking_uri: str | None = Non
         from orchestrator.observers.tracking_sender import _make_client
 
         client = _make_client(uri)
-        rid = (site or {}).get("mlflow_run_id") or _search_run(client, run.get("mlflow_run_id"), folder)
+        rid = ((past or site or {}).get("mlflow_run_id")
+               or _search_run(client, run.get("mlflow_run_id"), folder))
         if rid is None:
             return said(f"not recorded: no MLflow run of this finding in {uri} (the finding's run tracked no "
                         f"run for it); the verdict is in finding.json")
@@ -112,10 +116,11 @@ def record(folder: Path, section: dict[str, Any], tracking_uri: str | None = Non
                 "fix.description": rec.get("description") or "none", "fix.message": section.get("message", ""),
                 "fix.steps": str((section.get("checked") or {}).get("steps") or 0),
                 "fix.budget": str(section.get("budget", "")), "fix.created": section.get("created", "")}
-        client.log_batch(rid, tags=[RunTag(k, str(v)[:MAX_TAG]) for k, v in tags.items()])
+        prefix, where = (f"passed.{folder.name}.", f"passed/{folder.name}") if past else ("", "finding")
+        client.log_batch(rid, tags=[RunTag(prefix + k, str(v)[:MAX_TAG]) for k, v in tags.items()])
         for name in (REPORT, DIFF_FILE):
             if (folder / name).is_file():
-                client.log_artifact(rid, str(folder / name), artifact_path="finding")
+                client.log_artifact(rid, str(folder / name), artifact_path=where)
     except Exception as exc:  # noqa: BLE001 - MLflow raises its own exception types; the store is down
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         return said(f"not recorded: the tracking store {uri} is not reachable ({first}); the verdict is in "
@@ -135,9 +140,23 @@ def _site_of(folder: Path, run_dir: Path | None, summary: dict[str, Any]) -> dic
     return None
 
 
+def _passed_by(folder: Path, run_dir: Path | None, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The summary's site whose search stepped past this folder's finding (its ``finding`` too, when its
+    own op then never fired)."""
+    if run_dir is None or not isinstance(summary.get("sites"), list):
+        return None
+    here = folder.resolve()
+    for site in summary["sites"]:
+        if isinstance(site, dict) and any((run_dir / p).resolve() == here for p in site.get("passed") or []):
+            return site
+    return None
+
+
 def _search_run(client, parent: str | None, folder: Path) -> str | None:
     """A campaign above ``tracking.max_site_runs`` sites has one run per finding (not per site), whose id
-    the summary does not keep: the child of the campaign's run with the finding's ``site.id``."""
+    the summary does not keep: the child of the campaign's run with the finding's ``site.id``, and of
+    those the one whose ``finding.folder`` is this folder (a site's search may have stepped past another
+    op's finding first: a run of its own)."""
     from fuzz_core.findings import load_finding
 
     if not parent:
@@ -147,4 +166,13 @@ def _search_run(client, parent: str | None, folder: Path) -> str | None:
     runs = client.search_runs([experiment], filter_string=f"tags.`site.id` = '{site_id}' and "
                                                           f"tags.`mlflow.parentRunId` = '{parent}'", max_results=5)
     runs = [r for r in runs if r.data.tags.get("signature")] or runs
+    here = folder.resolve()
+    runs = [r for r in runs if _same_folder(r.data.tags.get("finding.folder"), here)] or runs
     return runs[0].info.run_id if runs else None
+
+
+def _same_folder(tag: str | None, here: Path) -> bool:
+    try:
+        return bool(tag) and Path(tag).resolve() == here
+    except (OSError, ValueError):
+        return False

@@ -10,7 +10,9 @@ Layout, in the experiment named after the campaign:
 - while the campaign has at most ``tracking.max_site_runs`` sites (100: one page of the MLflow
   UI): one child run per site, with ``suspect_loss``, ``best_loss`` and ``grad_norm`` by step, tags
   ``site.*``, ``status`` and ``exit_reason`` (:mod:`fuzz_core.status`), and for a finding its folder
-  as artifacts under ``finding/``; ended FINISHED, FAILED (error, timeout) or KILLED (stopped);
+  as artifacts under ``finding/`` (another op's finding that the site's search stepped past: under
+  ``passed/<folder>/``, its folder named in the tag ``passed``); ended FINISHED, FAILED (error,
+  timeout) or KILLED (stopped);
 - above that: one child run per target (metric ``best_loss.<site id>`` per site, by the site's
   step; tags with the counts per status) and one child run per finding, so that a 1,000-site
   campaign reads as a few dozen runs. ``cdeepfuzz bugs`` and ``cdeepfuzz report`` are the views
@@ -121,9 +123,18 @@ class MlflowObserver(Observer):
     def finding(self, rec, finding, folder: Path) -> None:
         site = rec.site
         key = site.id
+        # another op's finding the site's search stepped past: its files go beside the site's own
+        # finding, not over them (the site's run keeps both; its tags stay its own finding's)
+        passed = [Path(p).name for p in (getattr(rec, "passed", None) or [])]
+        stepped_past = Path(folder).name in passed
         if not self.per_site:
-            key = f"finding:{site.id}"
+            key = f"finding:{site.id}" + (f":{Path(folder).name}" if stepped_past else "")
             self.tracker.start_site(key, site.label, site_tags(site, SiteStatus.SEARCHING))
+        elif stepped_past:
+            self.tracker.log_artifacts(key, folder, artifact_path=f"passed/{Path(folder).name}")
+            self.tracker.set_tags(key, {"passed": ", ".join(passed)})
+            self._note_bug(site, finding, key)
+            return
         replays = getattr(finding, "replays", (1, 1))
         self.tracker.log_artifacts(key, folder, artifact_path="finding")
         self.tracker.set_tags(key, {"hazard": site.hazard, "trigger": finding.trigger,
@@ -134,15 +145,18 @@ class MlflowObserver(Observer):
                                     "flaky": str(bool(getattr(finding, "flaky", False))).lower(),
                                     "replays": f"{replays[0]}/{replays[1]}",
                                     **({"notes": "; ".join(finding.notes)} if finding.notes else {})})
-        self.tracker.note_bug(finding.signature, f"{site.target} {site.op} {site.location}",
-                              {"site.target": site.target, "site.op": site.op, "site.location": site.location,
-                               "hazard": site.hazard,
-                               "reproducer": str(reproducer_folder(self.root, finding.signature).resolve())}, key)
+        self._note_bug(site, finding, key)
         if not self.per_site:
             status = SiteStatus.FLAKY if getattr(finding, "flaky", False) else SiteStatus.FOUND
             self.tracker.set_tags(key, {"status": status.value, "exit_reason": "triggered_flaky"
                                         if status is SiteStatus.FLAKY else "triggered"})
             self.tracker.end(key, "FINISHED")
+
+    def _note_bug(self, site, finding, key: str) -> None:
+        self.tracker.note_bug(finding.signature, f"{site.target} {site.op} {site.location}",
+                              {"site.target": site.target, "site.op": site.op, "site.location": site.location,
+                               "hazard": site.hazard,
+                               "reproducer": str(reproducer_folder(self.root, finding.signature).resolve())}, key)
 
     def site_changed(self, rec, before) -> None:
         counts = self._target_counts.setdefault(rec.site.target, Counter())
