@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from fuzz_core.backends.base import OpRef
+from fuzz_core.backends.base import NOT_LOCATED, OpRef
 from fuzz_core.sites import OpSite, make_site
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class FlagBook:
                     continue     # its inputs were already non-finite: not the origin
                 yield i, OpRef(call.spec.name, call.kind, call.location, call.occurrence), True
             else:
-                yield i, OpRef(kind, kind, location or "<not located: replay names it>", 0), False
+                yield i, OpRef(kind, kind, location or f"{NOT_LOCATED}: replay names it>", 0), False
 
     def triggered(self, values: list[bool], call) -> bool:
         """The site's own output went non-finite while its inputs were finite."""

@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from fuzz_core.backends.base import (
-    WEIGHT_PREFIX, CheckResult, Evaluation, OpRef, RunnerOptions, TargetBatches, batch_size,
+    NOT_LOCATED, WEIGHT_PREFIX, CheckResult, Evaluation, OpRef, RunnerOptions, TargetBatches, batch_size,
 )
 from fuzz_core.backends.tf_common import (
     Fp32Twin, _collect, _scalar, _shaped, _soft_min, _unique, _var_name, _versions, _warn_unknown, alignment,
@@ -535,7 +535,7 @@ class GraphRunner(Fp32Twin, TargetBatches):
                                       f"{forward.type}:{forward.name} (backward)", traceback_location(forward),
                                       grad.occurrence if grad is not None else 0), "backward",
                                 grad.key if grad is not None else None)
-                    return OpRef(op.type, f"{op.type}:{op.name} (backward)", "<not located>", 0), "backward", None
+                    return OpRef(op.type, f"{op.type}:{op.name} (backward)", f"{NOT_LOCATED}>", 0), "backward", None
         train_op = self.target.train_op
         train_op = train_op if hasattr(train_op, "traceback") else getattr(train_op, "op", train_op)
         return OpRef("update", f"{getattr(train_op, 'type', 'train_op')}:{getattr(train_op, 'name', '')}",

@@ -18,7 +18,7 @@ from fuzz_core.backends.base import (
     LOG_TAU, WEIGHT_PREFIX, CheckResult, Evaluation, RunnerOptions, TargetBatches, batch_size, bisect_last,
     collect_grads,
 )
-from fuzz_core.backends.base import OpRef
+from fuzz_core.backends.base import NOT_LOCATED, OpRef
 from fuzz_core.backends.torch_recorder import (
     Recorder, RecordingMode, WatchMode, any_nonfinite, nonfinite, nonfinite_of,
 )
@@ -591,7 +591,7 @@ class TorchRunner(TargetBatches):
         program = self._program_at
         problem = recorder.first_problem(any_nonfinite(out), program)
         if problem is None:
-            return OpRef(phase, phase, "<not located: replay names it>", 0), None, phase
+            return OpRef(phase, phase, f"{NOT_LOCATED}: replay names it>", 0), None, phase
         found, what = problem
         if found == "forward":                  # inside a train_step's own forward pass
             return what, None, found
