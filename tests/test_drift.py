@@ -333,3 +333,113 @@ def test_a_list_of_mutations_proposes_each_batch_once(monkeypatch):
     assert len(every) > len(set(every)), "the case: kinds that make the same batch in this box"
     assert len(once) == len(set(once)) and set(once) == set(every)
     assert once == list(dict.fromkeys(every)), "in the list's order, each at its first place"
+
+
+def test_a_drift_given_up_rides_once_more_from_the_factorys_state_by_grists_rule(monkeypatch):
+    """RIDE_AGAIN: the first time a drift runs out of patience, the site rides again from the factory's
+    state, on its first batch, under a new draw of the program's randomness, by the ``grad`` rule; the
+    second time, drifting is given up for good."""
+    import numpy as np
+
+    from fuzz_core.strategies import adaptive
+
+    runner, site = _site(ID_12, "torch")
+    s = SiteSearch(runner, site, SearchConfig(strategy="adaptive", max_steps=1000, seed=0, reach_steps=0))
+    factory = {k: np.array(v, copy=True) for k, v in runner.get_state().items()}
+    s.run(80)
+    st = s.strategy_state
+    assert st.get("drift") and s.trained, "it drifts by then"
+    assert any(not np.array_equal(v, factory[k]) for k, v in runner.get_state().items()), "the drift trained"
+    adaptive.Adaptive._ride_again(s)
+    now = runner.get_state()
+    assert all(np.array_equal(now[k], factory[k]) for k in factory), "back at the factory's state"
+    assert all(np.array_equal(s.values[k], s.original[k]) for k in s.original), "on the site's first batch"
+    assert st["ridden_again"] and st["seed_step"] == s.step, "under a new draw"
+    assert adaptive.DRIFT_ARMS[st["arm"]] == "grad" and "arm_gain" not in st
+    assert st["drift_best"] == float("inf") and st["drift_since"] == 0
+
+    # patience of one step: the first give-up rides again, the second ends drifting for good
+    monkeypatch.setattr(adaptive, "DRIFT_PATIENCE", 1)
+    rides = []
+    real = adaptive.Adaptive._ride_again
+    monkeypatch.setattr(adaptive.Adaptive, "_ride_again", staticmethod(lambda s_: (rides.append(s_.step), real(s_))))
+    s = SiteSearch(runner, site, SearchConfig(strategy="adaptive", max_steps=400, seed=0, reach_steps=0))
+    result = s.run(400)
+    if result.status is SiteStatus.FOUND and not s.strategy_state.get("drift_done"):
+        pytest.skip("found before its drift gave up twice")
+    assert len(rides) == 1 and s.strategy_state.get("drift_done"), rides
+    assert any(p.event == "drift" and p.step > rides[0] for p in result.trace), "it rode again"
+
+
+ID_7 = "benchmarks/grist_suite/tf_programs/id07_stackoverflow2.py:make_target"
+
+
+@pytest.mark.tf
+def test_a_point_that_lost_ground_to_the_training_is_measured_at_the_factorys_weights_too(monkeypatch):
+    """TF ID_7 (a softmax's cross-entropy: the hazard is on the loss the program trains down), seed 1:
+    log-space steps bring the true class's output some 50 nats down, the training on every tried batch
+    takes a few back, and each later proposal lost to the stale margin. The re-measurement then measures
+    the point at the factory's weights too, where it is nearer the edge, and the site goes on frozen from
+    there (RECHECK_FACTORY): found in fewer steps than without."""
+    pytest.importorskip("tensorflow")
+    from fuzz_core.strategies import adaptive
+
+    runner, site = _site(ID_7, "tensorflow", name="grist-id07")
+    config = SearchConfig(strategy="adaptive", max_steps=1000, seed=1, reach_steps=0)
+    on = SiteSearch(runner, site, config)
+    found = on.run(1000)
+    events = [p.event for p in found.trace]
+    assert found.status is SiteStatus.FOUND
+    at = events.index("recheck")
+    assert on.frozen, "the factory's measurement was the lower: the site went on from there"
+    if events[at + 1] == "trigger":            # the factory's measurement itself crossed the edge
+        assert found.candidate.state is None, "a finding at the factory's weights"
+    else:
+        assert events[at + 1] == "recheck", "today's margin, then the factory's"
+        assert found.trace[at + 1].suspect_loss < found.trace[at].suspect_loss
+    monkeypatch.setattr(adaptive, "RECHECK_FACTORY", False)
+    off = SiteSearch(runner, site, config).run(1000)
+    assert off.status is not SiteStatus.FOUND or off.steps > found.steps, (off.steps, found.steps)
+
+
+@pytest.mark.tf
+def test_a_search_resumes_exactly_between_todays_measurement_and_the_factorys():
+    """A quantum that ends after today's re-measurement keeps today's state and margin: the next one
+    measures the factory's and decides as the uninterrupted search did."""
+    pytest.importorskip("tensorflow")
+    runner, site = _site(ID_7, "tensorflow", name="grist-id07")
+    config = SearchConfig(strategy="adaptive", max_steps=1000, seed=1, reach_steps=0)
+    whole = SiteSearch(runner, site, config).run(1000)
+    trace = [(p.step, p.event, p.suspect_loss) for p in whole.trace]
+    head_steps = next(p.step for p in whole.trace if p.event == "recheck")
+    first = SiteSearch(runner, site, config)
+    head = first.run(head_steps)
+    assert "recheck_state" in first.strategy_state, "stopped between the two measurements"
+    arrays, meta = first.checkpoint()
+    again = SiteSearch(runner, site, config)
+    again.restore(arrays, meta)
+    tail = again.run(1000 - head_steps)
+    assert [(p.step, p.event, p.suspect_loss) for p in head.trace + tail.trace] == trace
+    assert tail.status is whole.status
+
+
+@pytest.mark.tf
+def test_a_refresh_between_todays_measurement_and_the_factorys_puts_todays_state_back():
+    """The scheduler's refresh may come between the two measurements: the site is not left frozen at the
+    factory's state on a decision it never made; today's state is back and the search goes on."""
+    pytest.importorskip("tensorflow")
+    import numpy as np
+
+    runner, site = _site(ID_7, "tensorflow", name="grist-id07")
+    config = SearchConfig(strategy="adaptive", max_steps=1000, seed=1, reach_steps=0)
+    whole = SiteSearch(runner, site, config).run(1000)
+    head_steps = next(p.step for p in whole.trace if p.event == "recheck")
+    s = SiteSearch(runner, site, config)
+    s.run(head_steps)
+    today = {k: np.array(v, copy=True) for k, v in s.strategy_state["recheck_state"].items()}
+    assert s.frozen, "the factory's measurement had begun"
+    s.strategy.refresh(s, fraction=0.25)
+    assert not s.frozen and "recheck_state" not in s.strategy_state and "recheck_today" not in s.cache
+    now = runner.get_state()
+    assert all(np.array_equal(now[k], today[k]) for k in today)
+    assert s.run(100).steps > head_steps

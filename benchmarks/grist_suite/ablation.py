@@ -59,6 +59,13 @@ SWITCHES = {
     "DEDUPE": ("fuzz_core.strategies.adaptive", "DEDUPE", False,
                "a list of mutations proposes each batch once: kinds that make the same batch in the box (in [0, 1], "
                "zero, low and minus_one; one and high) and the probe's repeats of the early kinds are skipped"),
+    "RECHECK_FACTORY": ("fuzz_core.strategies.adaptive", "RECHECK_FACTORY", False,
+                        "a re-measured point that the training moved away from the edge (by less than half the "
+                        "search's progress) is measured at the factory's weights too, and the site goes on under "
+                        "whichever is lower"),
+    "RIDE_AGAIN": ("fuzz_core.strategies.adaptive", "RIDE_AGAIN", False,
+                   "a drift given up after 200 steps without a new low rides once more, from the factory's state "
+                   "and the site's first batch, under a new draw of the program's randomness, by GRIST's rule"),
 }
 TRAINING_REACHED = ("ID_1", "ID_3", "ID_6", "ID_7", "ID_8", "ID_11a", "ID_11b", "ID_12", "ID_14", "ID_15",
                     "ID_22", "ID_24", "ID_29", "ID_35a", "ID_45b", "ID_48a", "ID_51", "ID_55", "ID_58",
