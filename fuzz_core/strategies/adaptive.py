@@ -201,7 +201,8 @@ class Adaptive(Strategy):
         where it stopped (its mutations next), from the point as it was measured."""
         st = s.strategy_state
         if "recheck_state" in st:          # a quantum ended between today's measurement and the factory's
-            return self._recheck_factory(s)
+            self._recheck_factory(s)
+            return False
         origin = st.get("origin")
         if (not s.trained or s.frozen or st.get("rechecks", 0) >= RECHECKS or origin is None
                 or not cur.hard < origin or not math.isfinite(cur.hard)):
@@ -214,7 +215,7 @@ class Adaptive(Strategy):
             if RECHECK_FACTORY and ev.hard > cur.hard and math.isfinite(ev.hard):
                 st["recheck_state"] = s.runner.get_state()
                 s.cache["recheck_today"] = ev
-                return self._recheck_factory(s)
+                self._recheck_factory(s)
             return False
         s.freeze()
         s.cache.pop("current", None)
@@ -222,13 +223,13 @@ class Adaptive(Strategy):
         st["tried"] = 0
         return True
 
-    def _recheck_factory(self, s) -> bool:
+    def _recheck_factory(self, s) -> None:
         """The training took back some of the search's progress, less than :data:`UNDONE` (today's
         re-measurement is ``cache["recheck_today"]``, today's state ``strategy_state["recheck_state"]``):
         measure the point at the factory's weights too (one step, the same randomness). When that margin is
         below today's and the edge is within the box's reach from there, the site goes on frozen at the
         factory's weights, as :meth:`_recheck` does on a larger loss (:data:`RECHECK_FACTORY`); else today's
-        state is put back. Either way the list goes on where it stopped (its mutations next), and False.
+        state is put back (:func:`_today_back`). Either way the list goes on where it stopped (its mutations next).
 
         A quantum that ends on this step leaves both kept: the next one comes back here. GRIST TF ID_6 and
         ID_7 (a softmax's cross-entropy, the hazard on the loss itself): log-space steps bring the true
@@ -242,14 +243,13 @@ class Adaptive(Strategy):
         st = s.strategy_state
         s.freeze()
         ev = s.evaluate(s.values, event="recheck", seed_step=st.get("seed_step"))
-        today, kept = s.cache.pop("recheck_today"), st.pop("recheck_state")
-        if ev.seen and ev.hard < today.hard and not self._rides_training(s, ev):
+        if ev.seen and ev.hard < s.cache["recheck_today"].hard and not self._rides_training(s, ev):
+            st.pop("recheck_state")
+            s.cache.pop("recheck_today")
             s.cache["current"] = ev          # the list goes on from the factory's weights
             forget_curvature(st)
-            return False
-        s.thaw()                         # today's state back, and the list goes on as it was measured
-        s.runner.set_state(kept)
-        return False
+        else:
+            _today_back(s)               # and the list goes on as it was measured
 
     # -- riding the program's training ---------------------------------------------------
     @staticmethod
@@ -447,10 +447,8 @@ class Adaptive(Strategy):
         that rides the program's training refreshes as GRIST does (a small share: most of the
         batch is what the training drifts on)."""
         st = s.strategy_state
-        if "recheck_state" in st:         # a quantum ended between the two measurements: today's state back
-            s.thaw()
-            s.runner.set_state(st.pop("recheck_state"))
-            s.cache.pop("recheck_today", None)
+        if "recheck_state" in st:         # a quantum ended between the two measurements
+            _today_back(s)
         if st.get("drift"):
             refresh_samples(s, DRIFT_REFRESH_FRACTION, st.get("last_per_sample"))
             return
@@ -678,6 +676,14 @@ def box_reach(x: dict[str, np.ndarray], g: dict[str, np.ndarray], bounds: dict[s
         gk = np.asarray(gk, dtype=np.float64)
         total += float(np.where(gk > 0, gk * (v - lo), gk * (v - hi)).sum())
     return total
+
+
+def _today_back(s) -> None:
+    """Undo :meth:`Adaptive._recheck_factory`'s move to the factory's weights: today's state (kept before it)
+    back, the site not frozen, the pending re-measurement dropped."""
+    s.thaw()
+    s.runner.set_state(s.strategy_state.pop("recheck_state"))
+    s.cache.pop("recheck_today", None)
 
 
 def _stuck(ev: Evaluation, before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> bool:
