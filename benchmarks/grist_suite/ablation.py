@@ -66,6 +66,12 @@ SWITCHES = {
     "RIDE_AGAIN": ("fuzz_core.strategies.adaptive", "RIDE_AGAIN", False,
                    "a drift given up after 200 steps without a new low rides once more, from the factory's state "
                    "and the site's first batch, under a new draw of the program's randomness, by GRIST's rule"),
+    "SLOW_START": ("fuzz_core.strategies.adaptive", "SLOW_START", False,
+                   "a point that only slow steps led to (each keeping more than half the way) counts as the "
+                   "first point: with the edge out of the box's reach, it rides the training at its first failed list"),
+    "RESTART_AFTER": ("fuzz_core.strategies.adaptive", "RESTART_AFTER", 0,
+                      "a first drift measures the factory's training step on the point only once the search has "
+                      "taken 16 steps (off: always)"),
 }
 TRAINING_REACHED = ("ID_1", "ID_3", "ID_6", "ID_7", "ID_8", "ID_11a", "ID_11b", "ID_12", "ID_14", "ID_15",
                     "ID_22", "ID_24", "ID_29", "ID_35a", "ID_45b", "ID_48a", "ID_51", "ID_55", "ID_58",

@@ -100,6 +100,7 @@ DRIFT_PHASE = 10         # drift steps a direction rule is tried for at a time
 DRIFT_EXPLORE = 5        # every this many phases, the rule left untried longest
 RESTART = True           # a site's first drift measures the training from the factory's state (_restart)
 RESTART_PASSES = 2       # ... in this many evaluations: the factory's step on the point, and the margin it leaves
+RESTART_AFTER = 16       # ... once the search has taken this many steps (fewer: its batches barely moved the weights)
 THAW = True              # a frozen site with the edge out of the box's reach at the factory's weights rides the training
 QN_DEMOTE = True         # a quasi-Newton step tried first and rejected goes after the Polyak steps until one is accepted
 DRIFT_CRN = True         # a drift (and its restart) keeps the randomness its point was measured under
@@ -108,6 +109,7 @@ FIRST_CUT = True         # a first point whose edge is out of the box's reach sk
 STUCK_REFRESH = True     # a drift step that neither trained nor moved the inputs refreshes samples at once
 RECHECK_FACTORY = True   # a re-measured point that lost ground is measured at the factory's weights too
 RIDE_AGAIN = True        # a drift given up rides once more, from the factory's state under a new draw, by GRIST's rule
+SLOW_START = True        # a point only slow steps led to counts as the first point for riding the training at once
 
 
 class Adaptive(Strategy):
@@ -284,14 +286,20 @@ class Adaptive(Strategy):
     def _rides_from_start(self, s, cur: Evaluation) -> bool:
         """The site's first list of proposals failed at its first point (its gradient steps,
         backtracking and sign step), in a program that trains, with the edge out of the box's reach
-        under the linear model: the site rides the training at once. The mutations that would come
+        under the linear model: the site rides the training at once. A point that only slow steps led
+        to (each kept more than :data:`SLOW` of the way) counts as the first point (:data:`SLOW_START`):
+        GRIST's VAE ID_36a at seed 2 accepted a first log-space step that kept 97% of the way, crawled
+        on by eight quasi-Newton steps and a probe of every mutation, and rode the training at step 48
+        (found at 79; 43 riding at the first failed list, as its seeds 0 and 1 do from the first point). The mutations that would come
         next (eleven steps) are for a point whose edge is within reach; out of it, each costs a step
         that the training would have used (GRIST's VAE ID_35a: 22 of its 73 steps). Not for an edge
         the search must land on exactly (a zero divisor, a backward hazard): its mutations are its
         best chance."""
         st = s.strategy_state
+        # accepted points that each kept most of the way (and no escape walk) left the site where it started
+        fresh = st.get("points", 0) == 0 or (SLOW_START and st.get("points", 0) == st.get("slow_run", 0))
         # "drift_why": set by the first drift and kept after it ends (a site that drifted has had its turn)
-        if st.get("points", 0) or "drift_why" in st or self._lands_exactly(s):
+        if not fresh or "drift_why" in st or self._lands_exactly(s):
             return False
         return self._rides_training(s, cur)
 
@@ -300,11 +308,14 @@ class Adaptive(Strategy):
         """``why``: "box" (the edge out of the box's reach: drifting ends once it is within it again),
         or "crawl" (a long run of slow steps: drifting ends only with its patience). A site's first
         drift, in a program that has trained, first measures the program's training from the
-        factory's state on the point (:meth:`_restart`)."""
+        factory's state on the point (:meth:`_restart`), once the search has taken :data:`RESTART_AFTER`
+        steps: before that, its few batches have barely moved the weights, and the two evaluations cost
+        more than they can win (GRIST's MNIST VAEs ride from step 10: in each trace of ID_36a, ID_39a and
+        ID_43a the factory's step on the point left a margin above today's, four steps lost each time)."""
         st = s.strategy_state
         s.thaw()              # a frozen site drifts only where _rides_training thawed it
         if (RESTART and "drift_why" not in st and cur is not None and cur.seen and math.isfinite(cur.hard)
-                and s.trained and not s.config.search_weights):
+                and s.trained and not s.config.search_weights and s.step >= RESTART_AFTER):
             st["restart"] = {"margin": float(cur.hard), "passes": 0}
             st["restart_state"] = s.runner.get_state()
         st.update(drift=True, drift_why=why, drift_steps=0, drift_best=math.inf,
