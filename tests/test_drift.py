@@ -192,6 +192,24 @@ def test_a_point_only_slow_steps_led_to_rides_the_training_as_a_first_point_does
 
 
 @pytest.mark.tf
+def test_an_escape_walk_pinned_at_the_box_corner_of_a_frozen_site_ends_at_once():
+    """TF ID_29 at seed 2, as the suite builds it: its re-measurement moved the site to the factory's weights,
+    frozen (the program's training undone after each step), and the escape walk's sign steps soon pushed
+    every input to the bound its gradient points to. Each step after that measured the very same point:
+    ten of the twelve steps, found at 69. The walk ends once its step leaves every input where it was
+    (:data:`ESCAPE_STUCK`), and the list of proposals goes on from there: found at 49."""
+    pytest.importorskip("tensorflow")
+    from fuzz_core.strategies.adaptive import ESCAPE_STEPS
+
+    entry = "benchmarks/grist_suite/tf_programs/id29_machine_learning.py:make_target"
+    runner, site = _site(entry, "tensorflow", name="grist-id29", line=30, seed=2)
+    _, found = _search(runner, site, "adaptive", 1000, seed=2)
+    assert found.status is SiteStatus.FOUND and found.steps <= 50, f"{found.status} after {found.steps} steps"
+    escapes = [p.suspect_loss for p in found.trace if p.event == "escape"]
+    assert 0 < len(escapes) < ESCAPE_STEPS, f"{len(escapes)} escape steps: {escapes}"
+
+
+@pytest.mark.tf
 def test_a_first_point_with_a_zero_gradient_searches_before_it_rides():
     """TF ID_19, a softmax regression from zero weights: at the first point the margin's gradient is 0,
     and a linear model that knows nothing says the edge is out of reach. The first list runs: its

@@ -72,6 +72,9 @@ SWITCHES = {
     "RESTART_AFTER": ("fuzz_core.strategies.adaptive", "RESTART_AFTER", 0,
                       "a first drift measures the factory's training step on the point only once the search has "
                       "taken 16 steps (off: always)"),
+    "ESCAPE_STUCK": ("fuzz_core.strategies.adaptive", "ESCAPE_STUCK", False,
+                     "an escape walk whose sign step leaves every input where it was, on a site where nothing "
+                     "trains (frozen, or a program without training), ends there instead of measuring that point again"),
 }
 TRAINING_REACHED = ("ID_1", "ID_3", "ID_6", "ID_7", "ID_8", "ID_11a", "ID_11b", "ID_12", "ID_14", "ID_15",
                     "ID_22", "ID_24", "ID_29", "ID_35a", "ID_45b", "ID_48a", "ID_51", "ID_55", "ID_58",

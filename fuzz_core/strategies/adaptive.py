@@ -110,6 +110,7 @@ STUCK_REFRESH = True     # a drift step that neither trained nor moved the input
 RECHECK_FACTORY = True   # a re-measured point that lost ground is measured at the factory's weights too
 RIDE_AGAIN = True        # a drift given up rides once more, from the factory's state under a new draw, by GRIST's rule
 SLOW_START = True        # a point only slow steps led to counts as the first point for riding the training at once
+ESCAPE_STUCK = True      # a walk whose sign step leaves every input where it was, and nothing trains, ends there
 
 
 class Adaptive(Strategy):
@@ -499,6 +500,12 @@ class Adaptive(Strategy):
             return
         sizes = {k: ESCAPE_FRACTION * (hi - lo) for k, (lo, hi) in s.bounds.items()}
         x_new = sign_step(s.values, cur.grads, sizes, s.bounds)
+        if (ESCAPE_STUCK and (s.frozen or not s.runner.trains)
+                and all(np.array_equal(x_new[k], v) for k, v in s.values.items())):
+            # every input pinned at the bound its gradient points to, and no training between steps: each
+            # step left would measure this very point again (GRIST TF ID_29 at seed 2, frozen: ten steps)
+            st["escape"] = 0
+            return
         ev = s.evaluate(x_new, event="escape", seed_step=st.get("seed_step"))
         st["escape"] -= 1                     # only once taken: a quantum that ends first takes it next
         if ev.seen:
