@@ -176,7 +176,7 @@ def test_a_point_only_slow_steps_led_to_rides_the_training_as_a_first_point_does
     over half the way, then every mutation as a probe, 26 steps in all) before riding: found in 79 steps.
     A point that only slow steps led to is the first point still (:data:`SLOW_START`): found in 43. Either
     way the ride starts within :data:`RESTART_AFTER` steps, where the search's few batches have barely
-    moved the weights: it rides on from today's without measuring the factory's (four steps saved)."""
+    moved the weights: it rides on from today's without measuring the factory's (four steps saved: 39)."""
     pytest.importorskip("tensorflow")
     from benchmarks.grist_suite.model import marked_lines
 

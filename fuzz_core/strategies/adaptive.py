@@ -291,9 +291,10 @@ class Adaptive(Strategy):
         to (each kept more than :data:`SLOW` of the way) counts as the first point (:data:`SLOW_START`):
         GRIST's VAE ID_36a at seed 2 accepted a first log-space step that kept 97% of the way, crawled
         on by eight quasi-Newton steps and a probe of every mutation, and rode the training at step 48
-        (found at 79; 43 riding at the first failed list, as its seeds 0 and 1 do from the first point). The mutations that would come
-        next (eleven steps) are for a point whose edge is within reach; out of it, each costs a step
-        that the training would have used (GRIST's VAE ID_35a: 22 of its 73 steps). Not for an edge
+        (found at 79; 43 riding at the first failed list, as its seeds 0 and 1 do from the first point).
+        The mutations that would come next (eleven steps) are for a point whose edge is within reach;
+        out of it, each costs a step that the training would have used (GRIST's VAE ID_35a: 22 of its
+        73 steps). Not for an edge
         the search must land on exactly (a zero divisor, a backward hazard): its mutations are its
         best chance."""
         st = s.strategy_state
@@ -500,8 +501,7 @@ class Adaptive(Strategy):
             return
         sizes = {k: ESCAPE_FRACTION * (hi - lo) for k, (lo, hi) in s.bounds.items()}
         x_new = sign_step(s.values, cur.grads, sizes, s.bounds)
-        if (ESCAPE_STUCK and (s.frozen or not s.runner.trains)
-                and all(np.array_equal(x_new[k], v) for k, v in s.values.items())):
+        if ESCAPE_STUCK and (s.frozen or not s.runner.trains) and _in_place(s.values, x_new):
             # every input pinned at the bound its gradient points to, and no training between steps: each
             # step left would measure this very point again (GRIST TF ID_29 at seed 2, frozen: ten steps)
             st["escape"] = 0
@@ -712,7 +712,12 @@ def _stuck(ev: Evaluation, before: dict[str, np.ndarray], after: dict[str, np.nd
     ``log(1 - p)``, which fires on every step once a softmax output rounds to 1, the drift stood on one
     loss for up to 95 steps at a time; a campaign's scheduler, seeing the plateau, refreshed it out
     (found at step 294, against 1000 steps unfound in the same campaign without those refreshes)."""
-    return not ev.trained and all(after[k] is v or np.array_equal(after[k], v) for k, v in before.items())
+    return not ev.trained and _in_place(before, after)
+
+
+def _in_place(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> bool:
+    """A step that left every input where it was (pinned at the box's corner by its clip)."""
+    return all(after[k] is v or np.array_equal(after[k], v) for k, v in before.items())
 
 
 def _rows_only(g: dict[str, np.ndarray], rows: list[int]) -> dict[str, np.ndarray]:
