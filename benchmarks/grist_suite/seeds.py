@@ -193,8 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     results = collect(tasks, args.jobs, args.timeout, args.rerun, args.report_only)
     print(f"done in {time.time() - t0:.0f} s", flush=True)
-    # outside --report-only every result is at the current code: found so by current(), or run now
-    body = report(subjects, results, s0["random"], args.seeds, same_code=not args.report_only, grist_s0=s0["grist"])
+    # outside --report-only every result is at the current code: found so by current(), or run now; with it,
+    # when each result's hash of fuzz_core and its program is today's (a run started before its commit)
+    same_code = not args.report_only or all(
+        results.get((key, seed), {}).get("code_version") == version for key, version in versions.items()
+        for seed in args.seeds)
+    body = report(subjects, results, s0["random"], args.seeds, same_code=same_code, grist_s0=s0["grist"])
     print(body)
     if not args.no_write:
         from benchmarks._results import write_section
