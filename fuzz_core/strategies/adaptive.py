@@ -112,7 +112,7 @@ RECHECK_FACTORY = True   # a re-measured point that lost ground is measured at t
 RIDE_AGAIN = True        # a drift given up rides once more, from the factory's state under a new draw, by GRIST's rule
 SLOW_START = True        # a point only slow steps led to counts as the first point for riding the training at once
 ESCAPE_STUCK = True      # a walk whose sign step leaves every input where it was, and nothing trains, ends there
-REFIT = True             # a point moved to the factory's weights tries the list's first step from there, then its mutations
+REFIT = True             # a point moved to the factory's weights tries the list's first step from there (log-space ops)
 
 
 class Adaptive(Strategy):
@@ -253,8 +253,10 @@ class Adaptive(Strategy):
         (found in 554 without freezing); a list started afresh after freezing put off the mutation that
         makes a variance exactly 0 (a planted instance-norm subject: 16 -> 49 steps). The list's steps were
         made from today's gradient, though: from the point the factory's weights measure, its first step is
-        tried once before the mutations (:data:`REFIT`; not where the edge must be landed on exactly, the
-        instance norm's case). GRIST TF ID_29 at seed 2: log-space steps brought a softmax output 36 nats
+        tried once before the mutations (:data:`REFIT`), for an op judged in log space (a softmax output: one
+        step from a fresh gradient may cross); not for the instance norm's variance (a ``sqrt``'s input that
+        steps only near: an accepted step began a new list and put its mutations off, missed in 40 steps),
+        nor where the edge must be landed on exactly. GRIST TF ID_29 at seed 2: log-space steps brought a softmax output 36 nats
         down in three steps, training took 20 back, and at the factory's weights the point measured 12.5 nats
         from ``log(0)``; seven mutations and two escape steps later it crossed (49 steps), and one log-space
         step from there crosses (33)."""
@@ -266,8 +268,11 @@ class Adaptive(Strategy):
             s.cache.pop("recheck_today")
             s.cache["current"] = ev          # the list goes on from the factory's weights
             forget_curvature(st)
-            # its steps were made from today's gradient: one from the factory's first (REFIT)
-            st["refit"] = REFIT and not self._lands_exactly(s)
+            # its steps were made from today's gradient: one from the factory's first (REFIT), where one step
+            # may cross (a quantity judged in log space, such as a softmax output); not at a point landed on
+            # exactly, nor at an edge a margin only nears (a variance under a sqrt: each accepted step kept the
+            # list's mutations off, and one of them makes it exactly 0)
+            st["refit"] = REFIT and s.spec.log_space and not self._lands_exactly(s)
         else:
             _today_back(s)               # and the list goes on as it was measured
 
