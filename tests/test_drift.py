@@ -197,7 +197,8 @@ def test_an_escape_walk_pinned_at_the_box_corner_of_a_frozen_site_ends_at_once(m
     the factory's weights, frozen (the program's training undone after each step), and the escape walk's sign
     steps soon pushed every input to the bound its gradient points to. Each step after that measured the very
     same point: ten of the twelve steps, found at 69. The walk ends once its step leaves every input where it
-    was (:data:`ESCAPE_STUCK`), and the list of proposals goes on from there: found at 49."""
+    was (:data:`ESCAPE_STUCK`), and the list of proposals goes on from there: found at 49. This is also
+    :data:`REFIT`'s arm off (its test below): the mutations come after the re-measurement, past 40 steps."""
     pytest.importorskip("tensorflow")
     from fuzz_core.strategies import adaptive
     from fuzz_core.strategies.adaptive import ESCAPE_STEPS
@@ -209,29 +210,29 @@ def test_an_escape_walk_pinned_at_the_box_corner_of_a_frozen_site_ends_at_once(m
     assert found.status is SiteStatus.FOUND and found.steps <= 50, f"{found.status} after {found.steps} steps"
     escapes = [p.suspect_loss for p in found.trace if p.event == "escape"]
     assert 0 < len(escapes) < ESCAPE_STEPS, f"{len(escapes)} escape steps: {escapes}"
+    after = _after_recheck(found)
+    assert found.steps > 40 and "mutation" in after, f"{found.steps} steps: {after}"
+
+
+def _after_recheck(found) -> list[str]:
+    events = [p.event for p in found.trace]
+    return events[events.index("recheck"):]
 
 
 @pytest.mark.tf
-@pytest.mark.parametrize("refit", [True, False])
-def test_a_point_moved_to_the_factory_weights_steps_from_their_gradient(monkeypatch, refit):
+def test_a_point_moved_to_the_factory_weights_steps_from_their_gradient():
     """TF ID_29 at seed 2: three log-space steps brought a softmax output 36 nats down, the training on
     the list's tried batches took 20 back, and the re-measurement at the factory's weights put the point
     12.5 nats from ``log(0)``. The list's steps were made from today's gradient; one log-space step from
-    the factory's crosses (:data:`REFIT`: 33 steps), where the mutations and an escape walk took 49."""
+    the factory's crosses (:data:`REFIT`: 33 steps), where the mutations and an escape walk took 49 (the
+    test above, with it off)."""
     pytest.importorskip("tensorflow")
-    from fuzz_core.strategies import adaptive
-
-    monkeypatch.setattr(adaptive, "REFIT", refit)
     runner, site = _site("benchmarks/grist_suite/tf_programs/id29_machine_learning.py:make_target",
                          "tensorflow", name="grist-id29", line=30, seed=2)
     _, found = _search(runner, site, "adaptive", 1000, seed=2)
     assert found.status is SiteStatus.FOUND, f"{found.status} after {found.steps} steps"
-    events = [p.event for p in found.trace]
-    after = events[events.index("recheck"):]
-    if refit:
-        assert found.steps <= 40 and "mutation" not in after, f"{found.steps} steps: {after}"
-    else:
-        assert found.steps > 40 and "mutation" in after, f"{found.steps} steps: {after}"
+    after = _after_recheck(found)
+    assert found.steps <= 40 and "mutation" not in after, f"{found.steps} steps: {after}"
 
 
 @pytest.mark.tf

@@ -77,7 +77,8 @@ SWITCHES = {
                      "trains (frozen, or a program without training), ends there instead of measuring that point again"),
     "REFIT": ("fuzz_core.strategies.adaptive", "REFIT", False,
               "a point the re-measurement moved to the factory's weights tries one step of the list from the "
-              "gradient measured there before the list's mutations (off: the mutations next)"),
+              "gradient measured there before the list's mutations, for an op judged in log space (off: the "
+              "mutations next)"),
 }
 TRAINING_REACHED = ("ID_1", "ID_3", "ID_6", "ID_7", "ID_8", "ID_11a", "ID_11b", "ID_12", "ID_14", "ID_15",
                     "ID_22", "ID_24", "ID_29", "ID_35a", "ID_45b", "ID_48a", "ID_51", "ID_55", "ID_58",

@@ -256,10 +256,10 @@ class Adaptive(Strategy):
         tried once before the mutations (:data:`REFIT`), for an op judged in log space (a softmax output: one
         step from a fresh gradient may cross); not for the instance norm's variance (a ``sqrt``'s input that
         steps only near: an accepted step began a new list and put its mutations off, missed in 40 steps),
-        nor where the edge must be landed on exactly. GRIST TF ID_29 at seed 2: log-space steps brought a softmax output 36 nats
-        down in three steps, training took 20 back, and at the factory's weights the point measured 12.5 nats
-        from ``log(0)``; seven mutations and two escape steps later it crossed (49 steps), and one log-space
-        step from there crosses (33)."""
+        nor where the edge must be landed on exactly. GRIST TF ID_29 at seed 2: log-space steps brought a
+        softmax output 36 nats down in three steps, training took 20 back, and at the factory's weights the
+        point measured 12.5 nats from ``log(0)``; seven mutations and two escape steps later it crossed (49
+        steps), and one log-space step from there crosses (33)."""
         st = s.strategy_state
         s.freeze()
         ev = s.evaluate(s.values, event="recheck", seed_step=st.get("seed_step"))
