@@ -409,8 +409,9 @@ def test_a_named_section_is_written_apart_from_the_suites(tmp_path, monkeypatch)
 # ---------------------------------------------------------------- the suite's misses at a longer budget
 def test_the_long_budget_searches_only_the_bugs_own_sites_beside_grists_loop(tmp_path, monkeypatch, capsys):
     """Real child processes on GRIST's ID_2b (TF): `adaptive` searches only the site on the bug's marked
-    line, confirms and fresh-replays its finding; GRIST's loop runs on the same bug at half the passes.
-    A second run is served from what the first kept, and the record keeps one result per search."""
+    line, confirms and fresh-replays its finding; GRIST's loop runs on the same bug at half the passes,
+    and once more given a time instead (``--loop-seconds``). A second run is served from what the first
+    kept, and the record keeps one result per search."""
     from benchmarks.grist_suite import long_budget
 
     monkeypatch.setattr(long_budget, "CACHE", tmp_path / "cache")
@@ -418,10 +419,10 @@ def test_the_long_budget_searches_only_the_bugs_own_sites_beside_grists_loop(tmp
     import benchmarks._results as results
 
     monkeypatch.setattr(results, "RESULTS", tmp_path / "RESULTS.md")
-    argv = ["--bugs", "ID_2b", "--max-steps", "80", "--jobs", "2"]
+    argv = ["--bugs", "ID_2b", "--max-steps", "80", "--jobs", "2", "--loop-seconds", "60"]
     assert long_budget.main(argv) == 0
     kept = sorted((tmp_path / "cache").glob("ID_2b-*.json"))
-    assert [p.name.split("-")[1] for p in kept] == ["adaptive", "loop"]
+    assert [p.name.split("-")[1:3] for p in kept] == [["adaptive", "80"], ["loop", "40"], ["loop", "60s"]]
     res = json.loads(kept[0].read_text())
     sites = res["groups"][0]["sites"]
     assert sites and all(s["location"].endswith("id02_github_ips6.py:36") for s in sites), sites
@@ -429,6 +430,7 @@ def test_the_long_budget_searches_only_the_bugs_own_sites_beside_grists_loop(tmp
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[3].split()[0].isdigit() and cells[5] == "ok", row       # found, and its fresh replay held
     assert cells[6].endswith("s)") and " it (" in cells[6], row          # GRIST's loop triggered it too
+    assert cells[7].split(" (")[0] == cells[6].split(" (")[0], row   # given a minute: the same iteration (seeded)
     assert sorted(p.name for p in (tmp_path / "record").glob("*.json")) == [p.name for p in kept]
     text = (tmp_path / "RESULTS.md").read_text()
     assert "<!-- grist_long_budget:start -->" in text and "of 79** (GRIST's paper: 78 of 79" in text

@@ -135,6 +135,11 @@ def test_grists_own_loop_drives_a_program_to_a_non_finite_loss_and_keeps_its_out
     other = next(s for s in SUBJECTS if s.id == 21)
     assert gl._version(subject) != gl._version(other) and gl._version(subject) == gl._version(subject)
 
+    # given a time instead (GRIST's own limit is one): ID_40 takes it tens of thousands of iterations
+    bmi = next(s for s in SUBJECTS if s.id == 40)
+    timed = gl.grist_loop(bmi, bmi.bugs[0], None, seconds=1.0)
+    assert timed["iterations"] is None and timed["ran"] > 10 and timed["seconds"] >= 1.0, timed
+
 
 def test_a_program_trained_before_the_search_is_trained_once_and_every_build_loads_it(tmp_path, monkeypatch):
     """GRIST's VAE sqrt entries train 27,500 steps before their search: ``pretrained.pretrain`` trains

@@ -62,8 +62,10 @@ def bug_input(graph, bug) -> object | None:
     return None
 
 
-def grist_loop(subject, bug, iterations: int, seed: int = 0) -> dict:
-    """GRIST's loop on one bug: iterations to a non-finite loss (None: not within ``iterations``)."""
+def grist_loop(subject, bug, iterations: int | None, seed: int = 0, seconds: float | None = None) -> dict:
+    """GRIST's loop on one bug: iterations to a non-finite loss (None: not within ``iterations``, or
+    within ``seconds`` of looping: GRIST's own limit is a time, 30 minutes; ``ran`` then says how many
+    iterations it made). ``iterations`` None: no cap but the time."""
     import tensorflow as tf
 
     from fuzz_core.loader import call_factory, load_factory
@@ -85,7 +87,11 @@ def grist_loop(subject, bug, iterations: int, seed: int = 0) -> dict:
     updates, clips, age = np.zeros(rows), np.zeros(rows), np.zeros(rows)
     pixels = int(np.prod(batch[searched].shape[1:]))
     t0 = time.perf_counter()
-    for it in range(1, iterations + 1):
+    it = 0
+    while iterations is None or it < iterations:
+        it += 1
+        if seconds is not None and time.perf_counter() - t0 > seconds:
+            return {"iterations": None, "seconds": round(time.perf_counter() - t0, 3), "ran": it - 1}
         feed = {target.feeds[k]: v for k, v in batch.items()}
         loss, g = target.session.run([target.loss, grad], feed)
         if not np.all(np.isfinite(loss)):
@@ -105,7 +111,7 @@ def grist_loop(subject, bug, iterations: int, seed: int = 0) -> dict:
                 for k in batch:
                     batch[k][r] = fresh[k][i]
                 updates[r] = clips[r] = age[r] = 0
-    return {"iterations": None, "seconds": round(time.perf_counter() - t0, 3)}
+    return {"iterations": None, "seconds": round(time.perf_counter() - t0, 3), "ran": it}
 
 
 def _worker(task: dict) -> dict:
@@ -121,7 +127,7 @@ def _worker(task: dict) -> dict:
             out[bug.id] = {"error": "GRIST searched a variable here, not the input (not this loop)"}
             continue
         try:
-            out[bug.id] = grist_loop(subject, bug, task["iterations"])
+            out[bug.id] = grist_loop(subject, bug, task.get("iterations"), seconds=task.get("seconds"))
         except Exception as exc:  # noqa: BLE001 - a program the loop cannot drive is a result
             out[bug.id] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
     return out

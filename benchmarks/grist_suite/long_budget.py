@@ -3,6 +3,7 @@ beside GRIST's own loop given as many passes.
 
     python benchmarks/grist_suite/long_budget.py [--max-steps 20000] [--bugs ID_9a ID_40 ...] [--jobs 2]
                                                  [--timeout 1800] [--rerun | --report-only] [--no-write]
+                                                 [--loop-seconds 300 [--loop-only]]
 
 The suite (``run.py``) gives every op site 1000 steps, the project's budget. GRIST's paper counts a bug
 found within its configuration's 30-minute limit (``scripts/config/experiments.config`` of
@@ -19,6 +20,10 @@ For each bug, two child processes:
   GRIST's 30 minutes) is stopped, and the bug counts as missed.
 - GRIST's loop (:func:`grist_loop.grist_loop`, TensorFlow programs): ``--max-steps / 2`` iterations, each
   two passes of the program (its step and its train op), so both searches see as many passes.
+- With ``--loop-seconds``, GRIST's loop once more, given that many seconds of looping instead, whatever
+  its iterations: GRIST's own limit is a time (30 minutes), in which a small program makes a hundred
+  thousand iterations (GRIST's loop triggers ID_40 at about 35,000 of them, 70,000 passes, in seconds).
+  ``--loop-only`` runs only the loops and reports ``adaptive``'s newest kept results beside them.
 
 Default bugs: every bug the suite's ``adaptive`` column misses (its newest result per subject at
 :data:`SUITE_BUDGET` steps, in the cache or the committed record), less those whose steps cost seconds
@@ -142,13 +147,20 @@ def run_adaptive(bug_id: str, max_steps: int, timeout: float, rerun: bool, repor
                         timeout, rerun, report_only)
 
 
-def run_loop(bug_id: str, iterations: int, timeout: float, rerun: bool, report_only: bool) -> dict:
+def run_loop(bug_id: str, iterations: int | None, timeout: float, rerun: bool, report_only: bool,
+             seconds: float | None = None) -> dict:
+    """GRIST's loop on one bug, up to ``iterations`` (as many passes as ``adaptive``'s budget) or, with
+    ``seconds``, for that long whatever the iterations (GRIST's own limit is a time)."""
     subject, _ = find_bug(bug_id)
     if subject.framework != "tensorflow":
         return {"error": "GRIST's loop is re-expressed for the TensorFlow programs only"}
-    return _kept_or_run(f"{bug_id}-loop-{iterations}-{grist_loop._version(subject)}", grist_loop.__file__,
-                        lambda: {"subject": subject.id, "iterations": iterations, "bugs": [bug_id]},
-                        timeout, rerun, report_only, pick=lambda res: res.get(bug_id, {"error": "no result"}))
+    budget = f"{seconds:g}s" if seconds is not None else str(iterations)
+    task = {"subject": subject.id, "iterations": iterations, "bugs": [bug_id]}
+    if seconds is not None:
+        task["seconds"] = seconds
+    return _kept_or_run(f"{bug_id}-loop-{budget}-{grist_loop._version(subject)}", grist_loop.__file__,
+                        lambda: task, timeout, rerun, report_only,
+                        pick=lambda res: res.get(bug_id, {"error": "no result"}))
 
 
 # ----------------------------------------------------------------------------- report
@@ -165,19 +177,22 @@ def adaptive_cell(bug_id: str, res: dict, max_steps: int) -> tuple[dict, str]:
     return o, f"- ({suite.miss_note(bug, res) or 'not searched'})"
 
 
-def loop_cell(res: dict, iterations: int) -> tuple[bool, str]:
+def loop_cell(res: dict, iterations: int | None = None) -> tuple[bool, str]:
+    """``iterations`` None: a loop that ran for a time (its cell says how many iterations it made)."""
     if "error" in res:
         return False, res["error"]
     if res.get("iterations"):
         return True, f"{res['iterations']} it ({res['seconds']:.1f}s)"
-    return False, f"- ({iterations} it, {res.get('seconds', 0):.0f}s)"
+    return False, f"- ({iterations if iterations is not None else res.get('ran', '?')} it, {res.get('seconds', 0):.0f}s)"
 
 
-def report(bugs: list[str], adaptive: dict, loop: dict, max_steps: int, engine: str) -> str:
+def report(bugs: list[str], adaptive: dict, loop: dict, max_steps: int, engine: str, timed: dict | None = None,
+           seconds: float | None = None) -> str:
+    """``timed``: GRIST's loop given ``seconds`` per bug instead of as many passes (a column of its own)."""
     from benchmarks._results import table
 
     iterations = max_steps // 2
-    rows, found, loop_found, loop_ran, failed = [], [], [], 0, []
+    rows, found, loop_found, loop_ran, failed, timed_found = [], [], [], 0, [], []
     for bug_id in bugs:
         subject, bug = find_bug(bug_id)
         o, cell = adaptive_cell(bug_id, adaptive[bug_id], max_steps)
@@ -191,6 +206,11 @@ def report(bugs: list[str], adaptive: dict, loop: dict, max_steps: int, engine: 
             loop_found.append(bug_id)
         e2e = f"{o['e2e_s']:.1f}" if o.get("found") else ""
         rows.append([bug_id, subject.name, bug.op, cell, e2e, o.get("replay", "-"), lcell])
+        if timed is not None:
+            hit, tcell = loop_cell(timed[bug_id])
+            rows[-1].append(tcell)
+            if hit:
+                timed_found.append(bug_id)
     at_1000 = suite_found()
     total, at_suite = len(at_1000), sum(found for found, _ in at_1000.values())
     both = len(set(found) | {b for b, (f, _) in at_1000.items() if f})
@@ -205,7 +225,8 @@ def report(bugs: list[str], adaptive: dict, loop: dict, max_steps: int, engine: 
         "bug's sites. End to end: process start to the confirmed, replayed finding."
         + (f" Engine at {engine}." if engine else "") + "\n",
         table(["bug", "subject", "op", f"adaptive, {max_steps} steps", "end to end (s)", "replay",
-               f"GRIST's loop, {iterations} iterations"], rows),
+               f"GRIST's loop, {iterations} iterations"]
+              + ([f"GRIST's loop, {seconds:g} s"] if timed is not None else []), rows),
         "",
         f"`adaptive` at {max_steps} steps found **{len(found)} of these {len(bugs)}**"
         + (f" ({', '.join(found)})" if found else "")
@@ -216,6 +237,10 @@ def report(bugs: list[str], adaptive: dict, loop: dict, max_steps: int, engine: 
         "non-finite loss whatever op made it: a program with two bugs shows the one that fires first in both rows).",
         f"Findings that failed a fresh replay: {len(failed)}" + (f" ({', '.join(failed)})" if failed else "") + ".",
     ]
+    if timed is not None:
+        text.insert(-1, f"Given time instead of passes ({seconds:g} s of looping per bug, whatever the iterations: "
+                    "GRIST's own limit is a time, 1800 s), GRIST's loop found "
+                    f"{len(timed_found)}" + (f" ({', '.join(timed_found)})" if timed_found else "") + ".")
     return "\n".join(text)
 
 
@@ -228,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rerun", action="store_true", help="ignore kept results")
     ap.add_argument("--report-only", action="store_true", help="run nothing: report the newest kept results")
     ap.add_argument("--no-write", action="store_true", help="print the section; leave RESULTS.md alone")
+    ap.add_argument("--loop-seconds", type=float, help="also run GRIST's loop for this many seconds per bug, "
+                    "whatever its iterations (a column of its own; GRIST's limit: 1800)")
+    ap.add_argument("--loop-only", action="store_true", help="run GRIST's loop only; adaptive's column is "
+                    "its newest kept results (as --report-only)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -235,26 +264,32 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.max_steps < 2:
         ap.error(f"--max-steps: {args.max_steps} is below 2 (GRIST's loop gets half of it, in iterations)")
+    if args.loop_seconds is not None and not 0 < args.loop_seconds < args.timeout:
+        ap.error(f"--loop-seconds: {args.loop_seconds:g} is not between 0 and --timeout ({args.timeout:g})")
     bugs = args.bugs or suite_misses()
     require_bugs(ap, bugs)
-    jobs = [(kind, b) for b in bugs for kind in ("adaptive", "loop")]
-    adaptive, loop = {}, {}
+    kinds = ("adaptive", "loop") + (("timed",) if args.loop_seconds is not None else ())
+    jobs = [(kind, b) for b in bugs for kind in kinds]
+    results: dict[str, dict] = {kind: {} for kind in kinds}
     t0 = time.time()
 
     def one(job):
         kind, b = job
         if kind == "adaptive":
-            return job, run_adaptive(b, args.max_steps, args.timeout, args.rerun, args.report_only)
-        return job, run_loop(b, args.max_steps // 2, args.timeout, args.rerun, args.report_only)
+            return job, run_adaptive(b, args.max_steps, args.timeout, args.rerun, args.report_only or args.loop_only)
+        if kind == "loop":
+            return job, run_loop(b, args.max_steps // 2, args.timeout, args.rerun, args.report_only)
+        return job, run_loop(b, None, args.timeout, args.rerun, args.report_only, seconds=args.loop_seconds)
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for n, ((kind, b), res) in enumerate(pool.map(one, jobs), 1):
-            (adaptive if kind == "adaptive" else loop)[b] = res
+            results[kind][b] = res
             cell = (adaptive_cell(b, res, args.max_steps)[1] if kind == "adaptive"
-                    else loop_cell(res, args.max_steps // 2)[1])
+                    else loop_cell(res, args.max_steps // 2 if kind == "loop" else None)[1])
             print(f"[{n}/{len(jobs)}] {b} {kind}: {cell} ({time.time() - t0:.0f} s)", flush=True)
+    adaptive, loop = results["adaptive"], results["loop"]
     engine = sorted({r.get("engine", "") for r in adaptive.values()} - {""})
-    body = report(bugs, adaptive, loop, args.max_steps, ", ".join(engine))
+    body = report(bugs, adaptive, loop, args.max_steps, ", ".join(engine), results.get("timed"), args.loop_seconds)
     print(body)
     if not args.no_write:
         from benchmarks._results import write_section
@@ -265,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                 for old in RECORD.glob(path.name.rsplit("-", 1)[0] + "-*.json"):
                     old.unlink()          # the record keeps one version per (bug, search, budget)
                 shutil.copy2(path, RECORD / path.name)
-        cmd = f"--max-steps {args.max_steps}" + (" --bugs " + " ".join(args.bugs) if args.bugs else "")
+        cmd = f"--max-steps {args.max_steps}" + (" --bugs " + " ".join(args.bugs) if args.bugs else "") + (
+            f" --loop-seconds {args.loop_seconds:g}" if args.loop_seconds is not None else "")
         write_section("grist_long_budget", body, script="grist_suite/long_budget", args=cmd)
     return 0
 
