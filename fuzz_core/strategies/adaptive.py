@@ -113,6 +113,7 @@ RIDE_AGAIN = True        # a drift given up rides once more, from the factory's 
 SLOW_START = True        # a point only slow steps led to counts as the first point for riding the training at once
 ESCAPE_STUCK = True      # a walk whose sign step leaves every input where it was, and nothing trains, ends there
 REFIT = True             # a point moved to the factory's weights tries the list's first step from there (log-space ops)
+RIDE_ON = 3              # failed lists after a site's rides gave up for good before it rides again (0: never)
 
 
 class Adaptive(Strategy):
@@ -189,6 +190,9 @@ class Adaptive(Strategy):
         st["stall"] = st.get("stall", 0) + 1
         st["prefer"] = None
         if rechecked or not mutated:      # else the same list grows by the mutations: go on where it stopped
+            return
+        if self._rides_on(s):
+            self._start_drift(s, "crawl", cur)
             return
         if self._rides_training(s, cur):  # the whole list failed, and the edge is out of the box's reach
             self._start_drift(s, cur=cur)
@@ -305,6 +309,26 @@ class Adaptive(Strategy):
         else:
             g, need = cur.grads, cur.hard
         return g is not None and box_reach(s.values, g, s.bounds) < need
+
+    @staticmethod
+    def _rides_on(s) -> bool:
+        """A site whose rides gave up for good (its drift and the ride from the factory's state, each
+        :data:`DRIFT_PATIENCE` steps without a new low), in a program that trains, rides once more from
+        today's state after every :data:`RIDE_ON` lists of proposals that failed whole: the training's walk
+        that took the margin away may bring it back, and lists of steps on today's weights do not move
+        them the way the training does. GRIST TF ID_44 (a CNN's softmax, 20,000 steps at seed 0): the ride
+        came within 8.3 nats of ``log(0)`` at step 3000, the walk carried it back to 23 by step 4000, both
+        rides gave up, and the site spent its last 15,000 steps on lists between 26 and 51 nats; riding on,
+        it is found at step 8735 (GRIST's loop: 4509 iterations). Only after two give-ups, 800 steps at
+        the least: no search the suite finds within that is touched."""
+        st = s.strategy_state
+        if not (RIDE_ON and st.get("drift_done") and s.runner.trains):
+            return False
+        st["done_lists"] = st.get("done_lists", 0) + 1
+        if st["done_lists"] < RIDE_ON:
+            return False
+        st["done_lists"], st["drift_done"] = 0, False
+        return True
 
     def _rides_from_start(self, s, cur: Evaluation) -> bool:
         """The site's first list of proposals failed at its first point (its gradient steps,
