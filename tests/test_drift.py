@@ -511,3 +511,27 @@ def test_a_refresh_between_todays_measurement_and_the_factorys_puts_todays_state
     now = runner.get_state()
     assert all(np.array_equal(now[k], today[k]) for k in today)
     assert s.run(100).steps > head_steps
+
+
+def test_a_site_whose_rides_gave_up_rides_on_after_every_third_list_that_failed(monkeypatch):
+    """RIDE_ON, the rule's logic (its effect on a real program is measured by the long budget: GRIST's
+    ID_44 at 20,000 steps, missed with the rule off, found at step 8735 with it): failed lists count only
+    once both rides gave up (``drift_done``) in a program that trains; every third one clears the give-up,
+    and ``iterate`` starts a ride from today's state."""
+    from types import SimpleNamespace
+
+    from fuzz_core.strategies import adaptive
+
+    rides_on = adaptive.Adaptive._rides_on
+    s = SimpleNamespace(strategy_state={}, runner=SimpleNamespace(trains=True))
+    assert not rides_on(s) and "done_lists" not in s.strategy_state, "rides not given up: lists do not count"
+    for _ in range(2):                                   # each give-up, then three failed lists
+        s.strategy_state["drift_done"] = True
+        assert [rides_on(s) for _ in range(adaptive.RIDE_ON)] == [False] * (adaptive.RIDE_ON - 1) + [True]
+        assert not s.strategy_state["drift_done"] and s.strategy_state["done_lists"] == 0
+    s.strategy_state["drift_done"] = True
+    s.runner.trains = False                              # nothing trains: nothing to ride
+    assert not any(rides_on(s) for _ in range(5))
+    s.runner.trains = True
+    monkeypatch.setattr(adaptive, "RIDE_ON", 0)          # the switch off
+    assert not any(rides_on(s) for _ in range(5)) and s.strategy_state["drift_done"]

@@ -79,6 +79,9 @@ SWITCHES = {
               "a point the re-measurement moved to the factory's weights tries one step of the list from the "
               "gradient measured there before the list's mutations, for an op judged in log space (off: the "
               "mutations next)"),
+    "RIDE_ON": ("fuzz_core.strategies.adaptive", "RIDE_ON", 0,
+                "a site whose rides both gave up rides again from today's state after every third list of "
+                "proposals that failed whole, in a program that trains (off: it searches the box to its budget)"),
 }
 TRAINING_REACHED = ("ID_1", "ID_3", "ID_6", "ID_7", "ID_8", "ID_11a", "ID_11b", "ID_12", "ID_14", "ID_15",
                     "ID_22", "ID_24", "ID_29", "ID_35a", "ID_45b", "ID_48a", "ID_51", "ID_55", "ID_58",
