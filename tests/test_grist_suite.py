@@ -445,6 +445,9 @@ def test_the_long_budget_names_an_unknown_bug_and_exits_2(capsys):
     with pytest.raises(SystemExit) as stop:
         long_budget.main(["--bugs", "ID_0z", "--no-write"])
     assert stop.value.code == 2 and "'ID_0z'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:      # a time for GRIST's loop past the child's own limit
+        long_budget.main(["--bugs", "ID_2b", "--loop-seconds", "1800", "--no-write"])
+    assert stop.value.code == 2 and "--loop-seconds: 1800 is not between 0 and --timeout" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- the headline at several seeds
