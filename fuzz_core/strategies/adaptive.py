@@ -39,7 +39,8 @@ point, and rides from whichever state leaves the lower margin: today's weights w
 batch the search tried. The ride keeps the randomness the point was measured under (dropout masks,
 noise: :data:`DRIFT_CRN`), so that each of its steps measures the same network; a new draw per step
 measured another network each time, and a point the search had made was lost in the noise. A drift
-given up for want of progress rides once more from the factory's state (:data:`RIDE_AGAIN`).
+given up for want of progress rides once more from the factory's state (:data:`RIDE_AGAIN`); once that
+ride gives up too, every third list that fails whole starts a ride from today's state (:data:`RIDE_ON`).
 
 A site that stalls refreshes its least important samples (importance: how far each
 sample's suspect loss moved). Every forward pass counts as a step. Candidates are
