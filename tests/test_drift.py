@@ -516,8 +516,9 @@ def test_a_refresh_between_todays_measurement_and_the_factorys_puts_todays_state
 def test_a_site_whose_rides_gave_up_rides_on_after_every_third_list_that_failed(monkeypatch):
     """RIDE_ON, the rule's logic (its effect on a real program is measured by the long budget: GRIST's
     ID_44 at 20,000 steps, missed with the rule off, found at step 8735 with it): failed lists count only
-    once both rides gave up (``drift_done``) in a program that trains; every third one clears the give-up,
-    and ``iterate`` starts a ride from today's state."""
+    once both rides gave up (``drift_done``) in a program that trains; every third one clears the give-up
+    (``iterate`` then starts a ride from today's state: that wiring is exercised by the long budget, not
+    here)."""
     from types import SimpleNamespace
 
     from fuzz_core.strategies import adaptive

@@ -11,7 +11,7 @@ github.com/Jacob-yen/GRIST), and some of its bugs took GRIST thousands of iterat
 beside GRIST's 78 of 79 asks what a longer search finds, and whether GRIST's own loop finds it on these
 same re-expressed programs and stand-in data.
 
-For each bug, two child processes:
+For each bug, two child processes (three with ``--loop-seconds``):
 
 - ``adaptive``: the bug's program (its variant) is built as the suite builds it, and only the sites on
   the lines marked for the bug are searched (:func:`run.search_group` with ``only``), seed 0, budget
@@ -183,7 +183,8 @@ def loop_cell(res: dict, iterations: int | None = None) -> tuple[bool, str]:
         return False, res["error"]
     if res.get("iterations"):
         return True, f"{res['iterations']} it ({res['seconds']:.1f}s)"
-    return False, f"- ({iterations if iterations is not None else res.get('ran', '?')} it, {res.get('seconds', 0):.0f}s)"
+    ran = iterations if iterations is not None else res.get("ran", "?")
+    return False, f"- ({ran} it, {res.get('seconds', 0):.0f}s)"
 
 
 def report(bugs: list[str], adaptive: dict, loop: dict, max_steps: int, engine: str, timed: dict | None = None,

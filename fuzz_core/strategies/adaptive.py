@@ -321,7 +321,8 @@ class Adaptive(Strategy):
         came within 8.3 nats of ``log(0)`` at step 3000, the walk carried it back to 23 by step 4000, both
         rides gave up, and the site spent its last 15,000 steps on lists between 26 and 51 nats; riding on,
         it is found at step 8735 (GRIST's loop: 4509 iterations). Only after two give-ups, 800 steps at
-        the least: no search the suite finds within that is touched."""
+        the least: no search the suite finds within that is touched. Called once per list that failed
+        whole, which it counts (the count is the site's state: a resumed search goes on with it)."""
         st = s.strategy_state
         if not (RIDE_ON and st.get("drift_done") and s.runner.trains):
             return False
