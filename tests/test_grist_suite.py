@@ -439,6 +439,33 @@ def test_the_long_budget_searches_only_the_bugs_own_sites_beside_grists_loop(tmp
     assert [p.stat().st_mtime_ns for p in kept] == stamps, "a kept result was run again"
 
 
+def test_the_long_budget_counts_a_bug_that_another_bugs_search_of_its_program_found():
+    """The suite's count over the run: ID_9b's own search missed, ID_9a's search (same program) has a confirmed,
+    replayed finding whose first non-finite op is on ID_9b's marked line: found, at that search's steps, named.
+    A finding that only another program's search made, or one that failed its replay, does not count."""
+    from benchmarks.grist_suite import long_budget
+
+    _, a = long_budget.find_bug("ID_9a")
+    _, b = long_budget.find_bug("ID_9b")
+    path = b.entry.split(":", 1)[0]
+    on_9a, on_9b = (f"{path}:{marked_lines(b.entry)[bug.id][0]}" for bug in (a, b))
+
+    def res(entry, *sites):
+        return {"groups": [{"entry": entry, "args": dict(a.args), "setup_s": 1.0, "error": None, "sites": list(sites)}]}
+
+    missed_9b = res(b.entry, dict(_site(on_9b, 20000, confirmed=False), candidate=False, best_loss=18.8))
+    by_9a = res(a.entry, dict(_site(on_9a, 13293, first=on_9b), own=False))     # another op fired, not the site
+    o, cell = long_budget.outcome_in_run("ID_9b", {"ID_9a": by_9a, "ID_9b": missed_9b}, 20000)
+    assert o["found"] and o["steps"] == 13293 and cell.endswith("in ID_9a's search)"), cell
+    o, _ = long_budget.outcome_in_run("ID_9a", {"ID_9a": by_9a, "ID_9b": missed_9b}, 20000)
+    assert not o["found"], "ID_9a's own finding was on ID_9b's line"
+    unreplayed = res(a.entry, dict(_site(on_9a, 13293, fresh=False, first=on_9b), own=False))
+    o, _ = long_budget.outcome_in_run("ID_9b", {"ID_9a": unreplayed, "ID_9b": missed_9b}, 20000)
+    assert not o["found"]
+    o, _ = long_budget.outcome_in_run("ID_9b", {"ID_40": by_9a, "ID_9b": missed_9b}, 20000)
+    assert not o["found"], "another program's search"
+
+
 def test_the_long_budget_names_an_unknown_bug_and_exits_2(capsys):
     from benchmarks.grist_suite import long_budget
 
