@@ -536,3 +536,70 @@ def test_a_site_whose_rides_gave_up_rides_on_after_every_third_list_that_failed(
     s.runner.trains = True
     monkeypatch.setattr(adaptive, "RIDE_ON", 0)          # the switch off
     assert not any(rides_on(s) for _ in range(5)) and s.strategy_state["drift_done"]
+
+
+ID_40 = "benchmarks/grist_suite/tf_programs/id40_ml_plactice_bmi.py:make_target"
+
+
+@pytest.mark.tf
+def test_a_site_whose_rides_gave_up_rides_on_grists_way_on_the_programs_own_data(monkeypatch):
+    """RIDE_CRAWL and RIDE_REAL, wired on a program nobody here wrote: GRIST TF ID_40, a softmax regression
+    trained by plain gradient descent from zero weights, whose ``log`` underflows only once the training
+    has grown the weights for tens of thousands of steps. After both rides gave up, the site crawls on
+    log-space steps each a little better than the last: no list fails, so RIDE_ON alone never acts. The
+    crawl counts as a failed list (RIDE_CRAWL), and the ride on starts from the site's first batch with
+    only the point's weakest row kept, by the margin's gradient alone (RIDE_REAL): in 10,000 steps the
+    training on the program's own data takes the margin some 20 nats nearer the edge; crawling, it stays
+    above 78 nats (the finding itself, at step 68,753, is the long budget's)."""
+    pytest.importorskip("tensorflow")
+    import numpy as np
+
+    from fuzz_core.strategies import adaptive
+
+    runner, site = _site(ID_40, "tensorflow", name="grist-id40")
+    starts = []
+    ride_on = adaptive.Adaptive._ride_on
+
+    def spy(self, s, cur):
+        ride_on(self, s, cur)
+        starts.append((s.step, {k: np.array(v, copy=True) for k, v in s.values.items()}, dict(s.strategy_state)))
+
+    monkeypatch.setattr(adaptive.Adaptive, "_ride_on", spy)
+    s, on = _search(runner, site, "adaptive", 10_000)
+    assert starts, "it rode on"
+    step, values, st = starts[0]
+    assert step > 2 * adaptive.DRIFT_PATIENCE, "only after both rides gave up"
+    moved = set()
+    for k, v in s.original.items():
+        moved |= {int(r) for r in np.flatnonzero((np.asarray(values[k]) != v).reshape(len(v), -1).any(axis=1))}
+    assert len(moved) == 1, f"the first batch back, the weakest row kept: {sorted(moved)}"
+    assert st["real_ride"] and adaptive.DRIFT_ARMS[st["arm"]] == "grad" and st["drift"]
+    assert on.best_loss < 70, on.best_loss
+
+    monkeypatch.setattr(adaptive, "RIDE_CRAWL", False)
+    _, crawl = _search(runner, site, "adaptive", 10_000)
+    assert crawl.best_loss > 78, crawl.best_loss
+
+
+def test_a_refresh_that_spares_rows_draws_the_others_at_random():
+    """``refresh_samples(..., spare=rows)``: the rows spared are never replaced, the share replaced is the
+    fraction's, and no importance is consulted (a ride on real data keeps the data's mix of classes)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from fuzz_core.strategies.base import refresh_samples
+
+    n = 20
+    fresh = {"x": np.full((n, 3), -1.0, dtype=np.float32)}
+    s = SimpleNamespace(batch_size=n, rng=np.random.default_rng(0), values={"x": np.zeros((n, 3), np.float32)},
+                        strategy_state={"last_per_sample": np.arange(n, dtype=float)}, cache={},
+                        fresh_batch=lambda: fresh)
+    seen = set()
+    for _ in range(50):
+        s.values = {"x": np.zeros((n, 3), np.float32)}
+        rows = refresh_samples(s, 0.25, spare=[3])
+        assert len(rows) == 5 and 3 not in rows
+        assert set(np.flatnonzero(s.values["x"][:, 0] == -1.0)) == set(rows)
+        seen.update(rows)
+    assert seen == set(range(n)) - {3}, "any row but the spared one, not always the least important"

@@ -82,6 +82,13 @@ SWITCHES = {
     "RIDE_ON": ("fuzz_core.strategies.adaptive", "RIDE_ON", 0,
                 "a site whose rides both gave up rides again from today's state after every third list of "
                 "proposals that failed whole, in a program that trains (off: it searches the box to its budget)"),
+    "RIDE_CRAWL": ("fuzz_core.strategies.adaptive", "RIDE_CRAWL", False,
+                   "after a site's rides gave up, a crawl of slow accepted steps counts toward RIDE_ON as a list "
+                   "that failed (off: only failed lists do, and a crawl that never fails a list never rides)"),
+    "RIDE_REAL": ("fuzz_core.strategies.adaptive", "RIDE_REAL", False,
+                  "a ride on (RIDE_ON) starts from the site's first batch with the point's weakest row kept, by "
+                  "the margin's gradient alone, rows refreshed at random, patience 1000 (off: from the point's "
+                  "batch, the direction rules of a first ride)"),
 }
 TRAINING_REACHED = ("ID_1", "ID_3", "ID_6", "ID_7", "ID_8", "ID_11a", "ID_11b", "ID_12", "ID_14", "ID_15",
                     "ID_22", "ID_24", "ID_29", "ID_35a", "ID_45b", "ID_48a", "ID_51", "ID_55", "ID_58",

@@ -40,7 +40,9 @@ batch the search tried. The ride keeps the randomness the point was measured und
 noise: :data:`DRIFT_CRN`), so that each of its steps measures the same network; a new draw per step
 measured another network each time, and a point the search had made was lost in the noise. A drift
 given up for want of progress rides once more from the factory's state (:data:`RIDE_AGAIN`); once that
-ride gives up too, every third list that fails whole starts a ride from today's state (:data:`RIDE_ON`).
+ride gives up too, every third list that fails whole, or crawl of slow steps (:data:`RIDE_CRAWL`), starts
+a ride from today's weights (:data:`RIDE_ON`), GRIST's way: on the program's own data, the point's weakest
+row kept, by the margin's gradient alone (:data:`RIDE_REAL`).
 
 A site that stalls refreshes its least important samples (importance: how far each
 sample's suspect loss moved). Every forward pass counts as a step. Candidates are
@@ -115,6 +117,9 @@ SLOW_START = True        # a point only slow steps led to counts as the first po
 ESCAPE_STUCK = True      # a walk whose sign step leaves every input where it was, and nothing trains, ends there
 REFIT = True             # a point moved to the factory's weights tries the list's first step from there (log-space ops)
 RIDE_ON = 3              # failed lists after a site's rides gave up for good before it rides again (0: never)
+RIDE_CRAWL = True        # ... and so does a crawl of DRIFT_CRAWL slow points, which is no failed list and never ends
+RIDE_REAL = True         # a ride on (RIDE_ON) goes GRIST's way: real data, the margin's gradient, rows refreshed at random
+REAL_PATIENCE = 1000     # ... given up after this many drift steps without a new low
 
 
 class Adaptive(Strategy):
@@ -145,6 +150,11 @@ class Adaptive(Strategy):
         if not st.get("open") and st.get("slow_run", 0) >= DRIFT_CRAWL and self._may_drift(s, cur):
             self._start_drift(s, "crawl", cur)  # a long crawl toward an edge within reach: sign steps beat it
             return
+        if RIDE_CRAWL and not st.get("open") and st.get("slow_run", 0) >= DRIFT_CRAWL and st.get("drift_done"):
+            st["slow_run"] = 0                  # a crawl after the rides gave up counts as a list that failed
+            if self._rides_on(s):
+                self._ride_on(s, cur)
+                return
         if not st.get("open") and st.get("slow_run", 0) >= DRIFT_AFTER and self._rides_training(s, cur):
             # steps accepted, each keeping most of the way, and the edge beyond the box's reach: the first
             # time, every mutation is tried from this point (an edge that a jump reaches, such as a ReLU
@@ -193,7 +203,7 @@ class Adaptive(Strategy):
         if rechecked or not mutated:      # else the same list grows by the mutations: go on where it stopped
             return
         if self._rides_on(s):
-            self._start_drift(s, "crawl", cur)
+            self._ride_on(s, cur)
             return
         if self._rides_training(s, cur):  # the whole list failed, and the edge is out of the box's reach
             self._start_drift(s, cur=cur)
@@ -332,6 +342,36 @@ class Adaptive(Strategy):
         st["done_lists"], st["drift_done"] = 0, False
         return True
 
+    def _ride_on(self, s, cur: Evaluation) -> None:
+        """Ride again after the rides gave up (:meth:`_rides_on`), from today's weights; with
+        :data:`RIDE_REAL`, GRIST's way: on the site's first batch (real data) with the weakest row of the
+        point kept, by sign steps on the margin's gradient alone (no lookahead), least rows refreshed at
+        random, not by importance (:meth:`_drift`), and given up after :data:`REAL_PATIENCE` steps without
+        a new low.
+
+        A bug that only a long training reaches needs the program to train on its own data. GRIST TF ID_40
+        (a softmax regression, plain gradient descent from zero weights, whose ``log`` underflows only at a
+        corner of the box far from the data once the weights have grown for tens of thousands of steps):
+        the rides of the list's point train on a batch whose every row the search moved to a corner, with
+        mixed labels, and the weights stop growing; after its rides gave up, the site crawled 75,000 steps
+        on log-space steps each a little better than the last (never a failed list) and ended 78 nats from
+        the edge in 80,000. Riding on GRIST's way from step 4914, it is found at step 68,753 (GRIST's loop:
+        34,898 iterations, two passes each). The refresh by importance replaced the rows far from the
+        edge, the middle class's: the batch drifted toward the other two (48, 7, 45 of 100), and the same
+        ride ended 8.7 nats short."""
+        st = s.strategy_state
+        self._start_drift(s, "crawl", cur)
+        if not RIDE_REAL:
+            return
+        keep = self._weakest_rows(s, cur)
+        real = {k: np.array(v, copy=True) for k, v in s.original.items()}
+        if len(keep) < s.batch_size:
+            for k, v in real.items():
+                if k in s.values and np.shape(s.values[k]) == np.shape(v):
+                    v[keep] = s.values[k][keep]
+        s.values = real
+        st.update(real_ride=True, arm=DRIFT_ARMS.index("grad"))
+
     def _rides_from_start(self, s, cur: Evaluation) -> bool:
         """The site's first list of proposals failed at its first point (its gradient steps,
         backtracking and sign step), in a program that trains, with the edge out of the box's reach
@@ -435,8 +475,11 @@ class Adaptive(Strategy):
         else:
             st["drift_since"] = st.get("drift_since", 0) + 1
         boxed = st.get("drift_why", "box") == "box"
-        if (boxed and not self._rides_training(s, ev)) or st["drift_since"] >= DRIFT_PATIENCE:
-            if st["drift_since"] >= DRIFT_PATIENCE:
+        real = bool(st.get("real_ride"))
+        patience = REAL_PATIENCE if real else DRIFT_PATIENCE
+        if (boxed and not self._rides_training(s, ev)) or st["drift_since"] >= patience:
+            if st["drift_since"] >= patience:
+                st.pop("real_ride", None)
                 if RIDE_AGAIN and not st.get("ridden_again"):
                     self._ride_again(s)
                     return
@@ -446,7 +489,7 @@ class Adaptive(Strategy):
                 st["seed_step"] = s.step - ev.passes     # the point's randomness: the pass just measured
             s.cache["current"] = ev
             return
-        arm = DRIFT_ARMS[self._drift_arm(st, s.last_loss)]
+        arm = "grad" if real else DRIFT_ARMS[self._drift_arm(st, s.last_loss)]
         before = s.values
         if ev.grads is not None and ev.connected:
             ahead = ev.train_grads if arm != "grad" else None
@@ -454,7 +497,10 @@ class Adaptive(Strategy):
                 ahead = _rows_only(ahead, self._weakest_rows(s, ev))
             s.values = drift_step(s.values, ev.grads, ahead, DRIFT_FRACTION, s.bounds)
         if st["drift_steps"] % DRIFT_REFRESH == 0 or (STUCK_REFRESH and _stuck(ev, before, s.values)):
-            refresh_samples(s, DRIFT_REFRESH_FRACTION, ev.per_sample)
+            if real and ev.per_sample is not None:     # any row but the weakest: the data stay the program's
+                refresh_samples(s, DRIFT_REFRESH_FRACTION, spare=[int(np.argmin(ev.per_sample))])
+            else:
+                refresh_samples(s, DRIFT_REFRESH_FRACTION, ev.per_sample)
 
     @staticmethod
     def _ride_again(s) -> None:

@@ -64,15 +64,20 @@ def importance(s: "SiteSearch", per_sample: np.ndarray | None) -> np.ndarray | N
     return moved + 1.0 / (1.0 + np.maximum(per_sample, 0.0))
 
 
-def refresh_samples(s: "SiteSearch", fraction: float, per_sample: np.ndarray | None = None) -> list[int]:
-    """Swap the ``fraction`` least important rows of the batch for fresh samples (at least one)."""
+def refresh_samples(s: "SiteSearch", fraction: float, per_sample: np.ndarray | None = None,
+                    spare: list[int] | None = None) -> list[int]:
+    """Swap the ``fraction`` least important rows of the batch for fresh samples (at least one).
+    ``spare``: rows kept, the others drawn at random (no importance)."""
     n = s.batch_size
     if n < 2:
         return []
-    per_sample = per_sample if per_sample is not None else s.strategy_state.get("last_per_sample")
-    score = importance(s, per_sample if isinstance(per_sample, np.ndarray) else None)
     k = max(1, int(math.floor(fraction * n)))
-    rows = list(np.argsort(score)[:k]) if score is not None else list(s.rng.choice(n, size=k, replace=False))
+    if spare is not None:
+        rows = [int(r) for r in s.rng.permutation(n) if r not in spare][:k]
+    else:
+        per_sample = per_sample if per_sample is not None else s.strategy_state.get("last_per_sample")
+        score = importance(s, per_sample if isinstance(per_sample, np.ndarray) else None)
+        rows = list(np.argsort(score)[:k]) if score is not None else list(s.rng.choice(n, size=k, replace=False))
     fresh = s.fresh_batch()
     for key, value in s.values.items():
         if key.startswith(WEIGHT_PREFIX) or key not in fresh:
