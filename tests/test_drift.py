@@ -603,3 +603,28 @@ def test_a_refresh_that_spares_rows_draws_the_others_at_random():
         assert set(np.flatnonzero(s.values["x"][:, 0] == -1.0)) == set(rows)
         seen.update(rows)
     assert seen == set(range(n)) - {3}, "any row but the spared one, not always the least important"
+
+
+def test_a_schedulers_refresh_of_a_ride_on_real_data_spares_its_weakest_row():
+    """The scheduler's refresh of a site riding on the program's own data (RIDE_REAL) draws as the ride's own
+    refresh does: any rows but the weakest (the one at the edge's corner), never by importance."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from fuzz_core.strategies import adaptive
+
+    n, weak = 40, 7
+    per_sample = np.arange(n, 0, -1, dtype=float)
+    per_sample[weak] = -1.0
+    s = SimpleNamespace(batch_size=n, rng=np.random.default_rng(0), cache={},
+                        fresh_batch=lambda: {"x": np.full((n, 2), -1.0, np.float32)},
+                        strategy_state={"drift": True, "real_ride": True, "last_per_sample": per_sample})
+    replaced = set()
+    for _ in range(40):
+        s.values = {"x": np.zeros((n, 2), np.float32)}
+        adaptive.Adaptive().refresh(s, 0.25)
+        rows = set(np.flatnonzero(s.values["x"][:, 0] == -1.0).tolist())
+        assert len(rows) == max(1, int(adaptive.DRIFT_REFRESH_FRACTION * n)) and weak not in rows
+        replaced |= rows
+    assert len(replaced) > n // 2, "drawn at random, not the least important ones each time"

@@ -552,12 +552,17 @@ class Adaptive(Strategy):
         """The scheduler saw a plateau. The first time, walk out of the local minimum (the
         samples may be right: a ReLU region, a ridge); the next time, refresh samples. A site
         that rides the program's training refreshes as GRIST does (a small share: most of the
-        batch is what the training drifts on)."""
+        batch is what the training drifts on); a ride on the program's own data (:data:`RIDE_REAL`) as its
+        own refresh does, any rows but the weakest."""
         st = s.strategy_state
         if "recheck_state" in st:         # a quantum ended between the two measurements
             _today_back(s)
         if st.get("drift"):
-            refresh_samples(s, DRIFT_REFRESH_FRACTION, st.get("last_per_sample"))
+            last = st.get("last_per_sample")
+            if st.get("real_ride") and isinstance(last, np.ndarray) and len(last) == s.batch_size:
+                refresh_samples(s, DRIFT_REFRESH_FRACTION, spare=[int(np.argmin(last))])   # as the ride's own
+            else:
+                refresh_samples(s, DRIFT_REFRESH_FRACTION, last)
             return
         if not st.get("walked"):
             st["walked"] = True
