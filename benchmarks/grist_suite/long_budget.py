@@ -1,7 +1,7 @@
 """The bugs of GRIST's benchmark that the suite's ``adaptive`` misses, searched again at a longer budget,
 beside GRIST's own loop given as many passes.
 
-    python benchmarks/grist_suite/long_budget.py [--max-steps 20000] [--bugs ID_9a ID_40 ...] [--jobs 2]
+    python benchmarks/grist_suite/long_budget.py [--max-steps 80000] [--bugs ID_9a ID_40 ...] [--jobs 2]
                                                  [--timeout 1800] [--rerun | --report-only] [--no-write]
                                                  [--loop-seconds 300 [--loop-only]]
 
@@ -16,7 +16,8 @@ For each bug, two child processes (three with ``--loop-seconds``):
 - ``adaptive``: the bug's program (its variant) is built as the suite builds it, and only the sites on
   the lines marked for the bug are searched (:func:`run.search_group` with ``only``), seed 0, budget
   ``--max-steps``; a candidate is confirmed by the engine's replays, written as a finding folder and
-  replayed in a fresh build, as in the suite. A process still running at ``--timeout`` (default 1800 s:
+  replayed in a fresh build, as in the suite; a bug also counts when another bug's search of the same
+  program made such a finding on its line (:func:`outcome_in_run`). A process still running at ``--timeout`` (default 1800 s:
   GRIST's 30 minutes) is stopped, and the bug counts as missed.
 - GRIST's loop (:func:`grist_loop.grist_loop`, TensorFlow programs): ``--max-steps / 2`` iterations, each
   two passes of the program (its step and its train op), so both searches see as many passes.
@@ -27,8 +28,8 @@ For each bug, two child processes (three with ``--loop-seconds``):
 
 Default bugs: every bug the suite's ``adaptive`` column misses (its newest result per subject at
 :data:`SUITE_BUDGET` steps, in the cache or the committed record), less those whose steps cost seconds
-(a subject with a budget of its own, ``Subject.max_steps``: TF_Unet's steps take about 1.5 s, 20,000
-of them most of a day). Results are kept in ``.cache/long_budget`` and, when the section is written, in
+(a subject with a budget of its own, ``Subject.max_steps``: TF_Unet's steps take about 1.5 s, 80,000
+of them more than a day). Results are kept in ``.cache/long_budget`` and, when the section is written, in
 ``record/long_budget`` (commit them with RESULTS.md). Writes the section ``grist_long_budget``.
 """
 from __future__ import annotations
@@ -271,7 +272,7 @@ def report(bugs: list[str], adaptive: dict, loop: dict, max_steps: int, engine: 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--max-steps", type=int, default=20000)
+    ap.add_argument("--max-steps", type=int, default=80000)
     ap.add_argument("--bugs", nargs="+", help="bug ids (ID_9a ...); default: the suite's adaptive misses")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per process (GRIST's limit: 1800)")
