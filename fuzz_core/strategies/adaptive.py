@@ -497,10 +497,7 @@ class Adaptive(Strategy):
                 ahead = _rows_only(ahead, self._weakest_rows(s, ev))
             s.values = drift_step(s.values, ev.grads, ahead, DRIFT_FRACTION, s.bounds)
         if st["drift_steps"] % DRIFT_REFRESH == 0 or (STUCK_REFRESH and _stuck(ev, before, s.values)):
-            if real and ev.per_sample is not None:     # any row but the weakest: the data stay the program's
-                refresh_samples(s, DRIFT_REFRESH_FRACTION, spare=[int(np.argmin(ev.per_sample))])
-            else:
-                refresh_samples(s, DRIFT_REFRESH_FRACTION, ev.per_sample)
+            _drift_refresh(s, ev.per_sample)
 
     @staticmethod
     def _ride_again(s) -> None:
@@ -558,11 +555,7 @@ class Adaptive(Strategy):
         if "recheck_state" in st:         # a quantum ended between the two measurements
             _today_back(s)
         if st.get("drift"):
-            last = st.get("last_per_sample")
-            if st.get("real_ride") and isinstance(last, np.ndarray) and len(last) == s.batch_size:
-                refresh_samples(s, DRIFT_REFRESH_FRACTION, spare=[int(np.argmin(last))])   # as the ride's own
-            else:
-                refresh_samples(s, DRIFT_REFRESH_FRACTION, last)
+            _drift_refresh(s, st.get("last_per_sample"))
             return
         if not st.get("walked"):
             st["walked"] = True
@@ -794,6 +787,16 @@ def box_reach(x: dict[str, np.ndarray], g: dict[str, np.ndarray], bounds: dict[s
         gk = np.asarray(gk, dtype=np.float64)
         total += float(np.where(gk > 0, gk * (v - lo), gk * (v - hi)).sum())
     return total
+
+
+def _drift_refresh(s, per_sample) -> None:
+    """A riding site's refresh, its own or the scheduler's: :data:`DRIFT_REFRESH_FRACTION` of the rows, the least
+    important; on a ride on the program's own data (:data:`RIDE_REAL`), any rows but the weakest, drawn at
+    random (by importance it throws out the rows far from the edge, one class's, and skews the data)."""
+    if s.strategy_state.get("real_ride") and isinstance(per_sample, np.ndarray) and len(per_sample) == s.batch_size:
+        refresh_samples(s, DRIFT_REFRESH_FRACTION, spare=[int(np.argmin(per_sample))])
+    else:
+        refresh_samples(s, DRIFT_REFRESH_FRACTION, per_sample)
 
 
 def _today_back(s) -> None:
