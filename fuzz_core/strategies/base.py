@@ -65,15 +65,15 @@ def importance(s: "SiteSearch", per_sample: np.ndarray | None) -> np.ndarray | N
 
 
 def refresh_samples(s: "SiteSearch", fraction: float, per_sample: np.ndarray | None = None,
-                    spare: list[int] | None = None) -> list[int]:
-    """Swap the ``fraction`` least important rows of the batch for fresh samples (at least one).
-    ``spare``: rows kept, the others drawn at random (no importance)."""
+                    at_random: bool = False) -> list[int]:
+    """Swap the ``fraction`` least important rows of the batch for fresh samples (at least one);
+    ``at_random``: rows drawn at random instead (no importance)."""
     n = s.batch_size
     if n < 2:
         return []
     k = max(1, int(math.floor(fraction * n)))
-    if spare is not None:
-        rows = [int(r) for r in s.rng.permutation(n) if r not in spare][:k]
+    if at_random:
+        rows = [int(r) for r in s.rng.permutation(n)[:k]]
     else:
         per_sample = per_sample if per_sample is not None else s.strategy_state.get("last_per_sample")
         score = importance(s, per_sample if isinstance(per_sample, np.ndarray) else None)
