@@ -213,13 +213,23 @@ def main(argv: list[str] | None = None) -> int:
             kept = KEPT.relative_to(ROOT) if KEPT.is_relative_to(ROOT) else KEPT
             ap.error(f"--report-only: no {kept} yet (a run that writes its section keeps one)")
         kept = json.loads(KEPT.read_text())
-        body = report(kept["rows"], kept["iterations"], kept["loops"], kept["loop_iterations"])
-        print(body)
-        if not args.no_write:
-            from benchmarks._results import write_section
+    else:
+        kept = measure(ap, args)
+    body = report(kept["rows"], kept["iterations"], kept["loops"], kept["loop_iterations"])
+    print(body)
+    if not args.no_write:
+        from benchmarks._results import write_section
 
-            write_section("grist_box_reach", body, "grist_suite/box_reach", kept["flags"])
-        return 0
+        if not args.report_only:
+            KEPT.parent.mkdir(parents=True, exist_ok=True)
+            KEPT.write_text(json.dumps(kept, indent=1))
+        write_section("grist_box_reach", body, "grist_suite/box_reach", kept["flags"])
+    return 0
+
+
+def measure(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """Check the arguments (exit 2 naming what is wrong), then measure: the rows of :func:`reach` and GRIST's
+    loop per data source, with the flags that reproduce them."""
     require_bugs(ap, args.bugs)
     if any(n < 0 for n in args.train):
         ap.error(f"--train: counts must be >= 0, got {args.train}")
@@ -227,10 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--iterations: {args.iterations} is below 1")
     if args.loop_iterations < 0:
         ap.error(f"--loop-iterations: {args.loop_iterations} is below 0")
-    not_tf = [b for b in args.bugs if find_bug(b)[0].framework != "tensorflow"]
+    found = {b: find_bug(b) for b in args.bugs}
+    not_tf = [b for b, (subject, _) in found.items() if subject.framework != "tensorflow"]
     if not_tf:
         ap.error(f"--bugs: {', '.join(not_tf)} are not TensorFlow programs (this measures TF graphs)")
-    other = [f"{b} ({find_bug(b)[1].op})" for b in args.bugs if find_bug(b)[1].op not in EDGE_AT_ZERO]
+    other = [f"{b} ({bug.op})" for b, (_, bug) in found.items() if bug.op not in EDGE_AT_ZERO]
     if other:
         ap.error(f"--bugs: {', '.join(other)}: this measures ops whose edge is their input at 0 "
                  f"({', '.join(EDGE_AT_ZERO)})")
@@ -248,21 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.loop_iterations:
             loops[src] = {}
             for b in args.bugs:
-                loops[src][b] = grist_loop(*find_bug(b), args.loop_iterations)
+                loops[src][b] = grist_loop(*found[b], args.loop_iterations)
                 print(f"{b} GRIST's loop on {TAGS[src]}: {loops[src][b]}", flush=True)
-    body = report(rows, args.iterations, loops, args.loop_iterations)
-    print(body)
-    if not args.no_write:
-        from benchmarks._results import write_section
-
-        flags = (f"--bugs {' '.join(args.bugs)} --train {' '.join(map(str, args.train))} "
-                 f"--iterations {args.iterations} --data {' '.join(rows)} --loop-iterations {args.loop_iterations}")
-        KEPT.parent.mkdir(parents=True, exist_ok=True)
-        KEPT.write_text(json.dumps({"flags": flags, "iterations": args.iterations, "rows": rows, "loops": loops,
-                                    "loop_iterations": args.loop_iterations}, indent=1))
-        write_section("grist_box_reach", body, "grist_suite/box_reach", flags)
-    return 0
-
+    flags = (f"--bugs {' '.join(args.bugs)} --train {' '.join(map(str, args.train))} "
+             f"--iterations {args.iterations} --data {' '.join(rows)} --loop-iterations {args.loop_iterations}")
+    return {"flags": flags, "iterations": args.iterations, "rows": rows, "loops": loops,
+            "loop_iterations": args.loop_iterations}
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -147,14 +147,15 @@ class Adaptive(Strategy):
         if st.get("probe"):
             self._probe(s, cur)
             return
-        if not st.get("open") and st.get("slow_run", 0) >= DRIFT_CRAWL and self._may_drift(s, cur):
-            self._start_drift(s, "crawl", cur)  # a long crawl toward an edge within reach: sign steps beat it
-            return
-        if RIDE_CRAWL and not st.get("open") and st.get("slow_run", 0) >= DRIFT_CRAWL and st.get("drift_done"):
-            st["slow_run"] = 0                  # a crawl after the rides gave up counts as a list that failed
-            if self._rides_on(s):
-                self._ride_on(s, cur)
+        if not st.get("open") and st.get("slow_run", 0) >= DRIFT_CRAWL:
+            if self._may_drift(s, cur):
+                self._start_drift(s, "crawl", cur)  # a long crawl toward an edge within reach: sign steps beat it
                 return
+            if RIDE_CRAWL and st.get("drift_done"):
+                st["slow_run"] = 0              # a crawl after the rides gave up counts as a list that failed
+                if self._rides_on(s):
+                    self._ride_on(s, cur)
+                    return
         if not st.get("open") and st.get("slow_run", 0) >= DRIFT_AFTER and self._rides_training(s, cur):
             # steps accepted, each keeping most of the way, and the edge beyond the box's reach: the first
             # time, every mutation is tried from this point (an edge that a jump reaches, such as a ReLU
