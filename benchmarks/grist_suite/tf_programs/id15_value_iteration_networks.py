@@ -14,7 +14,7 @@ The original feeds the labels as one flat vector of ``batch * 10``; here they ar
 10]`` (the batch on dimension 0, as the engine requires) and flattened in the graph.
 
 Data: the original reads gridworld_8.mat, which cannot be fetched at run time; here random
-gridworlds of the same form are synthesised: walls on the border and on about 20% of the inner cells
+gridworlds of the same form are synthesised: walls on the border and on about 20% of the inner cells (11% in the real file)
 (value 1, free cells 0, as the original's ``(im - 1) / 255`` on uint8 yields), one goal cell of
 reward 10 in the second channel, query states on free inner cells (row and column in 1..6, int32),
 and as label the first of the 8 king moves that lowers the breadth-first distance to the goal.

@@ -7,8 +7,11 @@ per-unit scale factors beside it: ``sc_matmul`` rescales the input by ``s_in / m
 ``x w`` by the column sums ``S = sum |w|``, multiplies by a trained gain and divides the scale by
 it, then clips; ``sc_add`` adds ``b / s_in`` and halves (then doubles back, both layers "upscale");
 the logits are the last activations times their scales; loss: softmax cross-entropy (fused) plus a
-weight penalty; Adam at 0.1; batches of 500 (a new batch at every step); float32. Variables are
-created with ``tf.compat.v1.get_variable`` from the original's initial values.
+weight penalty; Adam at 0.1; batches of 500 (the originals draw a new batch at every step; three of GRIST's
+four entries draw one batch before their loop and keep it); float32. Variables are created with
+``tf.compat.v1.get_variable`` from the original's initial values. The first layer's gain is
+trainable, as in the originals; GRIST's two ``creg`` entries made it ``trainable=False``, so that only
+their search moved it, and clipped it to ``[0, 16]`` after each of their steps.
 
 ``variant`` picks the original file:
 - ``"creg"``: ``w1`` zeros, ``wout``, ``b1``, ``bout`` from ``N(0, 1)``, gains ``U(0, 16)`` per unit

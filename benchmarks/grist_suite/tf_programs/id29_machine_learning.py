@@ -3,7 +3,7 @@
 Re-expressed from GRIST's benchmark, scripts/study_case/ID_29/temp.py (entry temp_grist.py). Facts
 carried over: the tutorial's network (see :func:`._common.tutorial_cnn_softmax`) on ``[batch, 28,
 28, 1]`` placeholders, dropout at the training keep probability 0.5 inside the graph (the program
-feeds 0.5 to every pass); loss ``-sum(y * log(softmax))`` over the batch; Adam at 0.0005; batches of
+feeds 0.5 to every pass; GRIST's entry feeds 1.0 to the pass it watches and 0.5 to training); loss ``-sum(y * log(softmax))`` over the batch; Adam at 0.0005; batches of
 100; float32.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.

@@ -8,7 +8,7 @@ decoder n_z -> 500 -> 500 (softplus) -> 784 sigmoid; Xavier-uniform weights, zer
 z_mean + sqrt(exp(z_log_sigma_sq)) * eps`` with ``eps ~ N(0, 1)`` drawn by NumPy and fed; cost
 ``mean(reconstruction + KL)``; Adam at 0.001; batches of 100; float32.
 - ``"log"``: ``z_log_sigma_sq`` clipped to ``[-87, 87]`` once (the sample and the KL use the clipped
-  value); reconstruction ``-sum(x log(1e-10 + p) + (1 - x) log(1e-10 + 1 - p))``.
+  value; GRIST's entry clips it only inside its two ``exp`` calls, which differs only beyond 87); reconstruction ``-sum(x log(1e-10 + p) + (1 - x) log(1e-10 + 1 - p))``.
 - ``"sqrt"``: ``exp(clip(z_log_sigma_sq, -100, 87))`` in the sample and in the KL; reconstruction on
   ``clip(p, 1e-6, 1)`` and ``clip(1 - p, 1e-6, 1)``. GRIST's entry trains 50 epochs
   (27,500 Adam steps on MNIST's 55,000 images) before its search; ``pretrain_steps`` runs the

@@ -1,8 +1,11 @@
 """GRIST subject ID_48, Dive_python: a day-one MNIST exercise with a softmax regression and a noisy MLP.
 
 Re-expressed from GRIST's benchmark, scripts/study_case/ID_48/day01.py and day01_2.py (entries
-day01_grist.py and day01_2_grist.py: GRIST instrumented ``deep_NN`` in the first and ``easy_NN`` in
-the second). Facts carried over, both: loss ``mean over the batch of -sum(y * log(softmax))``,
+day01_grist.py and day01_2_grist.py). GRIST instrumented ``deep_NN`` in the first entry and
+``easy_NN`` in the second, but the second entry's ``__main__`` calls ``deep_NN``, whose code is the
+first entry's to the line: GRIST's run of that entry searched ``deep_NN`` again, so its result for
+ID_48b is not a result on ``easy_NN``. The suite searches ``easy_NN`` for ID_48b, the function
+day01_2.py runs and the one the entry instrumented. Facts carried over, both: loss ``mean over the batch of -sum(y * log(softmax))``,
 batches of 100, float32.
 - ``variant="deep"`` (``deep_NN``): 784 -> 300 ReLU -> dropout -> 10 softmax, ``w1`` from a
   truncated normal of stddev 0.1, ``b1``, ``w2``, ``b2`` zeros; the input gets ``0.01 * N(0, 1)``
