@@ -14,8 +14,10 @@ float32.
 - ``"log"``: ``exp(logits) / sum(exp(logits))`` and ``log(p)`` with no clipping at all;
 - ``"truediv"``: the ``"exp"`` softmax with a cross-entropy on ``p + 1e-7``.
 
-Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]`` as
-TensorFuzz's dataset module decodes them: the bounds. GRIST searched the images ``x``.
+Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`) decoded as GRIST's copy of the
+dataset module does (scripts/study_case/ID_11/utils/dataset.py: ``pixel / 255 * 2 - 1``, where
+TensorFuzz's own module stops at ``[0, 1]``), ``2 * pixel - 1`` in ``[-1, 1]``: the bounds. GRIST
+searched the images ``x``.
 
 Bugs:
 - ID_11a (variant "exp"): ``exp(logits)`` in the denominator overflows once a logit passes 88.7
@@ -56,7 +58,7 @@ def make_target(seed: int = 0, variant: str = "exp", batch: int = 100, lr: float
                 init_scale: float = 0.25) -> GraphTarget:
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    pool = mnist_pool(seed, flat=False, channel=True)
+    pool = mnist_pool(seed, flat=False, channel=True, pixels="signed")
     graph = tf.Graph()
     with graph.as_default():
         v1.set_random_seed(seed)
@@ -68,4 +70,4 @@ def make_target(seed: int = 0, variant: str = "exp", batch: int = 100, lr: float
         loss = tf.reduce_mean(_softmax_and_xent(logits, y, variant))
         train = v1.train.GradientDescentOptimizer(lr).minimize(loss)
     return GraphTarget(graph=graph, session=start_session(graph), feeds={"x": x, "y": y}, loss=loss,
-                       train_op=train, sample=lambda r: pool.draw(r, batch), bounds={"x": (0.0, 1.0)}, search=["x"])
+                       train_op=train, sample=lambda r: pool.draw(r, batch), bounds={"x": (-1.0, 1.0)}, search=["x"])
