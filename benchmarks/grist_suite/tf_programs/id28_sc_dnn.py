@@ -1,31 +1,28 @@
 """GRIST subject ID_28, SC_DNN: an MNIST MLP simulated in stochastic-computing arithmetic (scaled, clipped layers).
 
-Re-expressed from GRIST's benchmark, scripts/study_case/ID_28/sc_train_creg.py,
-sc_train_creg_div2.py, sc_train_l2reg.py and sc_train_l2reg_div2.py (entries ``*_grist.py``). Facts
-carried over: a 784 -> 128 -> 10 network whose layers keep every activation in ``[-1, 1]`` and carry
-per-unit scale factors beside it: ``sc_matmul`` rescales the input by ``s_in / max(s_in)``, divides
-``x w`` by the column sums ``S = sum |w|``, multiplies by a trained gain and divides the scale by
-it, then clips; ``sc_add`` adds ``b / s_in`` and halves (then doubles back, both layers "upscale");
-the logits are the last activations times their scales; loss: softmax cross-entropy (fused) plus a
-weight penalty; Adam at 0.1; batches of 500 (the originals draw a new batch at every step; three of GRIST's
-four entries draw one batch before their loop and keep it); float32. Variables are created with
-``tf.compat.v1.get_variable`` from the original's initial values. The first layer's gain is
-trainable, as in the originals; GRIST's two ``creg`` entries made it ``trainable=False``, so that only
-their search moved it, and clipped it to ``[0, 16]`` after each of their steps.
+Re-expressed from GRIST's benchmark, scripts/study_case/ID_28/sc_train_creg.py, sc_train_creg_div2.py,
+sc_train_l2reg.py and sc_train_l2reg_div2.py (entries ``*_grist.py``). Facts carried over: a 784 -> 128 -> 10
+network whose layers keep every activation in ``[-1, 1]`` and carry per-unit scale factors beside it:
+``sc_matmul`` rescales the input by ``s_in / max(s_in)``, divides ``x w`` by the column sums ``S = sum |w|``,
+multiplies by a trained gain and divides the scale by it, then clips; ``sc_add`` adds ``b / s_in`` and halves
+(then doubles back, both layers "upscale"); the logits are the last activations times their scales; loss:
+softmax cross-entropy (fused) plus a weight penalty; Adam at 0.1; batches of 500 (the originals draw a new batch
+at every step; three of GRIST's four entries draw one batch before their loop and keep it); float32. Variables
+are created with ``tf.compat.v1.get_variable`` from the original's initial values. The first layer's gain is
+trainable, as in the originals; GRIST's two ``creg`` entries made it ``trainable=False``, so that only their
+search moved it, and clipped it to ``[0, 16]`` after each of their steps.
 
 ``variant`` picks the original file:
-- ``"creg"``: ``w1`` zeros, ``wout``, ``b1``, ``bout`` from ``N(0, 1)``, gains ``U(0, 16)`` per unit
-  (128 and 10); the three scale divisions guarded by ``+1e-7`` (``max(s_in)``, ``S``, the gain);
-  penalty ``0.25 * sum 2 (|a| - clip(|a|, -1, 1))`` over the four weight tensors;
+- ``"creg"``: ``w1`` zeros, ``wout``, ``b1``, ``bout`` from ``N(0, 1)``, gains ``U(0, 16)`` per unit (128 and
+  10); the three scale divisions guarded by ``+1e-7`` (``max(s_in)``, ``S``, the gain); penalty ``0.25 * sum 2
+  (|a| - clip(|a|, -1, 1))`` over the four weight tensors;
 - ``"creg_div2"``: the same with ``w1`` from ``N(0, 1)`` and no ``+1e-7`` guards;
-- ``"l2reg"`` / ``"l2reg_div2"`` (one program, two GRIST entries): every weight from ``N(0, 1)``,
-  one scalar gain per layer ``U(0, 16)``, no guards, penalty ``0.0012 * sum w^2 / 2``
-  (``l2_regularizer``).
+- ``"l2reg"`` / ``"l2reg_div2"`` (one program, two GRIST entries): every weight from ``N(0, 1)``, one scalar
+  gain per layer ``U(0, 16)``, no guards, penalty ``0.0012 * sum w^2 / 2`` (``l2_regularizer``).
 
-GRIST searched a variable, not the images: the first layer's gain (``creg``, ``l2reg``) or the
-column sums ``S`` (the ``div2`` entries, through a copy that never reached the graph, so only
-training moved them). The engine reaches them with ``search_weights``; the images ``X`` are searched
-inputs too.
+GRIST searched a variable, not the images: the first layer's gain (``creg``, ``l2reg``) or the column sums ``S``
+(the ``div2`` entries, through a copy that never reached the graph, so only training moved them). The engine
+reaches them with ``search_weights``; the images ``X`` are searched inputs too.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 

@@ -1,18 +1,15 @@
 """GRIST subject ID_48, Dive_python: a day-one MNIST exercise with a softmax regression and a noisy MLP.
 
-Re-expressed from GRIST's benchmark, scripts/study_case/ID_48/day01.py and day01_2.py (entries
-day01_grist.py and day01_2_grist.py). GRIST instrumented ``deep_NN`` in the first entry and
-``easy_NN`` in the second, but the second entry's ``__main__`` calls ``deep_NN``, whose code is the
-first entry's to the line: GRIST's run of that entry searched ``deep_NN`` again, so its result for
-ID_48b is not a result on ``easy_NN``. The suite searches ``easy_NN`` for ID_48b, the function
-day01_2.py runs and the one the entry instrumented. Facts carried over, both: loss ``mean over the batch of -sum(y * log(softmax))``,
-batches of 100, float32.
-- ``variant="deep"`` (``deep_NN``): 784 -> 300 ReLU -> dropout -> 10 softmax, ``w1`` from a
-  truncated normal of stddev 0.1, ``b1``, ``w2``, ``b2`` zeros; the input gets ``0.01 * N(0, 1)``
-  noise of shape ``[784]`` drawn inside the graph at every pass; dropout at the training keep
-  probability 0.75 inside the graph; Adagrad at 0.3.
-- ``variant="easy"`` (``easy_NN``): a 784 -> 10 softmax layer with zero-initialised weights and
-  biases; plain gradient descent at 0.5.
+Re-expressed from GRIST's benchmark, scripts/study_case/ID_48/day01.py and day01_2.py (entries day01_grist.py
+and day01_2_grist.py; the second instruments ``easy_NN``, but its ``__main__`` runs ``deep_NN``, the first's
+code to the line, so GRIST searched ``deep_NN`` twice; the suite's ID_48b is ``easy_NN``, as day01_2.py runs
+it). Facts carried over, both: loss ``mean over the batch of -sum(y * log(softmax))``, batches of 100, float32.
+- ``variant="deep"`` (``deep_NN``): 784 -> 300 ReLU -> dropout -> 10 softmax, ``w1`` from a truncated normal
+  of stddev 0.1, ``b1``, ``w2``, ``b2`` zeros; the input gets ``0.01 * N(0, 1)`` noise of shape ``[784]``
+  drawn inside the graph at every pass; dropout at the training keep probability 0.75 inside the graph;
+  Adagrad at 0.3.
+- ``variant="easy"`` (``easy_NN``): a 784 -> 10 softmax layer with zero-initialised weights and biases; plain
+  gradient descent at 0.5.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 GRIST searched the images ``x``.
