@@ -156,6 +156,37 @@ def test_end_to_end_charges_every_group_the_processs_own_setup_not_the_groups_se
     assert out["found"] and out["e2e_s"] == 12.5
 
 
+def test_grists_criterion_counts_a_finding_at_any_op_of_the_bugs_program_and_only_a_replayed_one():
+    elsewhere = f"{BUG.entry.split(':')[0]}:1"
+    assert suite_run.program_fired(BUG, _result(_site(elsewhere, 3))) == f"log@{elsewhere}"
+    assert suite_run.program_fired(BUG, _result(_site(elsewhere, 3, fresh=False))) is None
+    other_build = {"groups": [dict(_result(_site(elsewhere, 3))["groups"][0], args={"variant": "b"})]}
+    assert suite_run.program_fired(BUG, other_build) is None
+    assert suite_run.program_fired(BUG, {"crash": "boom"}) is None
+
+
+def test_the_committed_record_rebuilds_the_suites_committed_totals(tmp_path, monkeypatch):
+    """A clean checkout rebuilds the suite's section from the record alone. A change to a program file
+    that moves its marked lines (a longer docstring) would leave the record's findings off them: the
+    rebuilt totals would fall below the committed section's."""
+    import re
+
+    monkeypatch.setattr(suite_run, "ROOT", tmp_path.parent)            # no cache: the record only
+    subjects, _ = suite_run.load_subjects(list(suite_run.REGISTRIES))
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    section = text[text.index("<!-- grist_suite:start -->"):text.index("<!-- grist_suite:end -->")]
+    for strategy in suite_run.STRATEGIES:
+        committed = re.search(rf"^\| {strategy} \| (\d+)/79 \|", section, re.M)
+        assert committed, f"no totals row for {strategy} in the suite's section"
+        found = 0
+        for subj in (s for s in subjects if s.runnable):
+            task = suite_run.make_task(subj, strategy, 1000, 0, tmp_path / "no-cache", "v")
+            path = suite_run.record_path(task)
+            res = json.loads(path.read_text()) if path.exists() else None
+            found += sum(suite_run.bug_outcome(subj, b, res, subj.budget(1000))["found"] for b in subj.bugs)
+        assert found == int(committed.group(1)), strategy
+
+
 def test_a_first_op_on_the_marked_line_counts():
     elsewhere = f"{BUG.entry.split(':')[0]}:1"
     out = suite_run.bug_outcome(SUBJECT, BUG, _result(_site(elsewhere, 7, first=_marked())), 500)
