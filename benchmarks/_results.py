@@ -31,6 +31,31 @@ def write_section(name: str, body: str, script: str | None = None, args: str = "
     RESULTS.write_text(text)
 
 
+def kept_or_measured(ap, args, kept: Path, measure, report, section: str, script: str, flags) -> int:
+    """A script whose measurements are kept beside its section: ``--report-only`` rebuilds the section
+    from ``kept`` (exit 2 when there is none yet); otherwise ``measure(ap, args)`` gives them, and unless
+    ``--no-write`` they are kept and the section written. ``report(measurements)`` is the section's body,
+    ``flags(measurements)`` the arguments its footer names."""
+    import json
+
+    if args.report_only:
+        if not kept.exists():
+            root = RESULTS.parent.parent
+            shown = kept.relative_to(root) if kept.is_relative_to(root) else kept
+            ap.error(f"--report-only: no {shown} yet (a run that writes its section keeps one)")
+        measured = json.loads(kept.read_text())
+    else:
+        measured = measure(ap, args)
+    body = report(measured)
+    print(body)
+    if not args.no_write:
+        if not args.report_only:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            kept.write_text(json.dumps(measured, indent=1))
+        write_section(section, body, script, flags(measured))
+    return 0
+
+
 def table(headers: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

@@ -613,3 +613,56 @@ def test_a_programs_suite_imports_outside_its_folder_are_in_its_code_version():
     assert suite_run.suite_imports(vae) == [ROOT / "benchmarks/grist_suite/pretrained.py"]
     assert suite_run.suite_imports(ROOT / "benchmarks/grist_suite/tf_programs/id03_github_ips9.py") == []
     assert suite_run.suite_imports(ROOT / "benchmarks/grist_suite/torch_programs/id26_logistic_regression.py") == []
+
+
+# ---------------------------------------------------------------- GRIST's own entry files, run unchanged
+def test_grist_original_names_what_it_needs_and_exits_2(tmp_path, capsys, monkeypatch):
+    from benchmarks.grist_suite import grist_original
+
+    monkeypatch.setattr(grist_original, "KEPT", tmp_path / "none" / "grist_original.json")
+    for argv, says in ((["--bugs", "ID_9a", "--no-write"], "--grist-repo: required"),
+                       (["--bugs", "ID_40", "--grist-repo", str(tmp_path)], "--bugs: ID_40: not one of"),
+                       (["--bugs", "ID_9a", "--grist-repo", str(tmp_path)], "is it GRIST's repository?"),
+                       (["--report-only"], "--report-only: no")):
+        with pytest.raises(SystemExit) as stop:
+            grist_original.main(argv)
+        assert stop.value.code == 2 and says in capsys.readouterr().err, argv
+
+
+def test_grist_original_reads_grists_verdict_and_the_watch():
+    from benchmarks.grist_suite.grist_original import parse
+
+    out = parse("INFO: Iter: 100 ...\nWATCH high 58301 91.8073\n"
+                "FINAL RESULTS: #TensorFuzz_truediv_grist# Success to find NaN!  Iteration: <58302> Time cost: <0:05:16>.")
+    assert out == {"verdict": "found", "iterations": 58302, "high": {"pass": 58301, "value": 91.8073}}
+    out = parse("FINAL RESULTS: #soips7_grist# Fail to find NaN! Iteration: <366499>. Time cost:<0:30:00>.")
+    assert out == {"verdict": "missed", "iterations": 366499}
+    assert parse("Traceback ...") == {"verdict": None, "iterations": None}
+
+
+@pytest.mark.tf
+def test_grist_original_runs_a_tf1_entry_file_with_dense_layers_and_watches_its_logits(tmp_path):
+    """A TF1 program of this test's own, in the style of GRIST's entries (placeholders, ``tf.layers.dense``,
+    a session, a train op fed a batch), runs under the script's shims; the watch sees its training pass
+    put a logit past exp's overflow, and the verdict line is read back."""
+    import subprocess
+
+    from benchmarks.grist_suite import grist_original
+
+    entry = tmp_path / "entry_grist.py"
+    entry.write_text(
+        "import numpy as np\nimport tensorflow as tf\n"
+        "x = tf.placeholder(tf.float32, [None, 4])\n"
+        "logits = tf.layers.dense(tf.layers.flatten(x), 3, kernel_initializer=tf.constant_initializer(30.0))\n"
+        "loss = tf.reduce_mean(tf.exp(logits))\n"
+        "train = tf.train.GradientDescentOptimizer(0.01).minimize(-loss)\n"
+        "sess = tf.Session()\nsess.run(tf.global_variables_initializer())\n"
+        "for it in range(1, 4):\n"
+        "    sess.run(train, feed_dict={x: np.ones([2, 4], np.float32)})\n"
+        "    if not np.isfinite(sess.run(loss, feed_dict={x: np.ones([2, 4], np.float32)})):\n"
+        "        print(f'FINAL RESULTS: #toy# Success to find NaN!  Iteration: <{it}>')\n        break\n")
+    proc = subprocess.run([sys.executable, grist_original.__file__, "--child", str(entry), str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = grist_original.parse(proc.stdout + proc.stderr)
+    assert out["verdict"] == "found" and out["iterations"] == 1, proc.stdout + proc.stderr[-2000:]
+    assert out["high"]["pass"] == 1 and out["high"]["value"] == pytest.approx(120.0) and "low" not in out

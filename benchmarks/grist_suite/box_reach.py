@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import importlib.util
-import json
 import math
 import os
 import sys
@@ -208,23 +207,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure nothing: rebuild the section from the last written run's measurements "
                          "(benchmarks/grist_suite/record/box_reach.json)")
     args = ap.parse_args(argv)
-    if args.report_only:
-        if not KEPT.exists():
-            kept = KEPT.relative_to(ROOT) if KEPT.is_relative_to(ROOT) else KEPT
-            ap.error(f"--report-only: no {kept} yet (a run that writes its section keeps one)")
-        kept = json.loads(KEPT.read_text())
-    else:
-        kept = measure(ap, args)
-    body = report(kept["rows"], kept["iterations"], kept["loops"], kept["loop_iterations"])
-    print(body)
-    if not args.no_write:
-        from benchmarks._results import write_section
+    from benchmarks._results import kept_or_measured
 
-        if not args.report_only:
-            KEPT.parent.mkdir(parents=True, exist_ok=True)
-            KEPT.write_text(json.dumps(kept, indent=1))
-        write_section("grist_box_reach", body, "grist_suite/box_reach", kept["flags"])
-    return 0
+    return kept_or_measured(ap, args, KEPT, measure,
+                            lambda k: report(k["rows"], k["iterations"], k["loops"], k["loop_iterations"]),
+                            "grist_box_reach", "grist_suite/box_reach", lambda k: k["flags"])
 
 
 def measure(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
