@@ -56,6 +56,8 @@ ENTRIES = {"ID_9a": "scripts/study_case/ID_9/soips7_grist.py",
            "ID_9b": "scripts/study_case/ID_9/soips7_log2_grist.py",
            "ID_11c": "scripts/study_case/ID_11/nan_model_truediv_grist.py",
            "ID_16c": "scripts/study_case/ID_16/nan_model_truediv_grist.py"}
+# what the watch means per program: ID_16's softmax clips its logits to at most 87 before its exp
+CLIPPED = {"ID_16c": "clipped to 87 before its `exp`: no overflow"}
 MNIST = "scripts/study_case/ID_9/MNIST_data"
 KEPT = RECORD / "grist_original.json"
 EXP_OVERFLOW, ROW_UNDERFLOW = 88.72, -87.3       # float32: exp(88.73) is inf; exp(-87.4) is 0 with subnormals flushed
@@ -191,8 +193,13 @@ def run_one(repo: Path, bug: str, minutes: float) -> dict:
         entry, data = prepare(repo, bug, minutes, Path(tmp))
         env = dict(os.environ, PYTHONPATH=tmp, TF_CPP_MIN_LOG_LEVEL="2")
         t0 = time.time()
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(entry), str(data)],
-                              cwd=tmp, env=env, capture_output=True, text=True, timeout=minutes * 60 + 600)
+        try:
+            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(entry), str(data)],
+                                  cwd=tmp, env=env, capture_output=True, text=True, timeout=minutes * 60 + 600)
+        except subprocess.TimeoutExpired as exc:      # GRIST's own limit did not stop it: say so, keep the rest
+            output = "".join(o.decode() if isinstance(o, bytes) else o or "" for o in (exc.stdout, exc.stderr))
+            return dict(parse(output), bug=bug, entry=ENTRIES[bug], minutes=minutes, rc=None,
+                        seconds=round(time.time() - t0, 1), error=f"still running after {exc.timeout:g} s: stopped")
         out = dict(parse(proc.stdout + proc.stderr), bug=bug, entry=ENTRIES[bug], minutes=minutes,
                    seconds=round(time.time() - t0, 1), rc=proc.returncode)
         if out["verdict"] is None:
@@ -210,7 +217,8 @@ def report(runs: list[dict], data: str) -> str:
                    f"none in {r['iterations']:,} iterations ({r['minutes']:g} min)")
         watch = []
         if "high" in r:
-            watch.append(f"a logit above {EXP_OVERFLOW} at pass {r['high']['pass']:,} ({r['high']['value']:.4g})")
+            watch.append(f"a logit above {EXP_OVERFLOW} at pass {r['high']['pass']:,} ({r['high']['value']:.4g}"
+                         + (f"; {CLIPPED[r['bug']]})" if r["bug"] in CLIPPED else ")"))
         if "low" in r:
             watch.append(f"a row with every logit below {ROW_UNDERFLOW} at pass {r['low']['pass']:,}")
         if "high" not in r and "low" not in r:
