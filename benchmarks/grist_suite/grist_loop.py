@@ -17,6 +17,10 @@ and re-expressed here, not copied), with its configuration (``scripts/config/exp
    (rows whose pixels the sign steps moved, less those they pushed out of the range) are replaced by
    fresh rows of the sampler.
 
+That objective and refresh are those of most of GRIST's entries; a few entry files differ (ID_11c's and
+ID_16c's objective is ``reduce_max(logits)``; the BMI entries, ID_40 to ID_42, discard their refresh).
+``grist_original.py`` runs GRIST's entry files themselves, from a checkout of its repository.
+
 Its figure is GRIST's **iterations**; each is two passes of the program (the step and the train
 op), so it compares with the ``grist`` strategy's **steps / 2** (every pass is a step there, and a
 TF1 training step is its own ``session.run``). The strategy's steps come from the suite's cache
