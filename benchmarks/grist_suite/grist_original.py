@@ -189,6 +189,7 @@ def parse(output: str) -> dict:
 
 
 def run_one(repo: Path, bug: str, minutes: float) -> dict:
+    """One bug's entry in a child process of its own, in a prepared copy: GRIST's verdict and the watch."""
     with tempfile.TemporaryDirectory(prefix="grist-original-") as tmp:
         entry, data = prepare(repo, bug, minutes, Path(tmp))
         env = dict(os.environ, PYTHONPATH=tmp, TF_CPP_MIN_LOG_LEVEL="2")
