@@ -1,6 +1,7 @@
 """Writing one benchmark's section of benchmarks/RESULTS.md (each script owns its section)."""
 from __future__ import annotations
 
+import json
 import platform
 import re
 import statistics
@@ -36,8 +37,6 @@ def kept_or_measured(ap, args, kept: Path, measure, report, section: str, script
     from ``kept`` (exit 2 when there is none yet); otherwise ``measure(ap, args)`` gives them, and unless
     ``--no-write`` they are kept and the section written. ``report(measurements)`` is the section's body,
     ``flags(measurements)`` the arguments its footer names."""
-    import json
-
     if args.report_only:
         if not kept.exists():
             root = RESULTS.parent.parent

@@ -165,13 +165,12 @@ def test_grists_criterion_counts_a_finding_at_any_op_of_the_bugs_program_and_onl
     assert suite_run.program_fired(BUG, {"crash": "boom"}) is None
 
 
-def test_the_committed_record_rebuilds_the_suites_committed_totals(tmp_path, monkeypatch):
+def test_the_committed_record_rebuilds_the_suites_committed_totals(tmp_path):
     """A clean checkout rebuilds the suite's section from the record alone. A change to a program file
     that moves its marked lines (a longer docstring) would leave the record's findings off them: the
     rebuilt totals would fall below the committed section's."""
     import re
 
-    monkeypatch.setattr(suite_run, "ROOT", tmp_path.parent)            # no cache: the record only
     subjects, _ = suite_run.load_subjects(list(suite_run.REGISTRIES))
     text = (ROOT / "benchmarks" / "RESULTS.md").read_text()
     section = text[text.index("<!-- grist_suite:start -->"):text.index("<!-- grist_suite:end -->")]

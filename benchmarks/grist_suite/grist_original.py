@@ -197,14 +197,15 @@ def run_one(repo: Path, bug: str, minutes: float) -> dict:
         try:
             proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(entry), str(data)],
                                   cwd=tmp, env=env, capture_output=True, text=True, timeout=minutes * 60 + 600)
+            output, rc = proc.stdout + proc.stderr, proc.returncode
+            error = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
         except subprocess.TimeoutExpired as exc:      # GRIST's own limit did not stop it: say so, keep the rest
             output = "".join(o.decode() if isinstance(o, bytes) else o or "" for o in (exc.stdout, exc.stderr))
-            return dict(parse(output), bug=bug, entry=ENTRIES[bug], minutes=minutes, rc=None,
-                        seconds=round(time.time() - t0, 1), error=f"still running after {exc.timeout:g} s: stopped")
-        out = dict(parse(proc.stdout + proc.stderr), bug=bug, entry=ENTRIES[bug], minutes=minutes,
-                   seconds=round(time.time() - t0, 1), rc=proc.returncode)
-        if out["verdict"] is None:
-            out["error"] = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+            rc, error = None, f"still running after {exc.timeout:g} s: stopped"
+        out = dict(parse(output), bug=bug, entry=ENTRIES[bug], minutes=minutes,
+                   seconds=round(time.time() - t0, 1), rc=rc)
+        if out["verdict"] is None or rc is None:
+            out["error"] = error
         return out
 
 

@@ -99,6 +99,14 @@ def _of_group(bug: Bug, group: dict) -> bool:
             and bool(group.get("search_weights", False)) == bool(getattr(bug, "search_weights", False)))
 
 
+def bug_group(bug: Bug, res: dict | None) -> dict | None:
+    """The group of a worker's result that built the bug's program (its entry, arguments and weight search),
+    or None: no result, a crashed worker, or no such build."""
+    if not res or "crash" in res:
+        return None
+    return next((g for g in res["groups"] if _of_group(bug, g)), None)
+
+
 def engine_revision() -> str:
     """The commit the engine was at, and whether fuzz_core had uncommitted changes."""
     def git(*cmd: str) -> str:
@@ -531,7 +539,7 @@ def bug_outcome(subject: Subject, bug: Bug, res: dict | None, max_steps: int) ->
     """Found or not at GRIST's op, with steps, seconds and the replay result."""
     if res is None or "crash" in res:
         return {"found": False, "steps": max_steps, "search_s": None, "e2e_s": None, "replay": "crash"}
-    group = next((g for g in res["groups"] if _of_group(bug, g)), None)
+    group = bug_group(bug, res)
     if group is None or group.get("error"):
         return {"found": False, "steps": max_steps, "search_s": None, "e2e_s": None, "replay": "error"}
     hits = [s for s in group["sites"] if s.get("confirmed") and at_bug(s, bug)]
@@ -548,9 +556,7 @@ def program_fired(bug: Bug, res: dict | None) -> str | None:
     """GRIST's own criterion: its loop stops at the first non-finite loss of the bug's program,
     whatever op made it. The op (``op@path:line``) of this strategy's first confirmed, replayed
     finding anywhere in the bug's program (its build, its variant), or None."""
-    if not res or "crash" in res:
-        return None
-    group = next((g for g in res["groups"] if _of_group(bug, g)), None)
+    group = bug_group(bug, res)
     if group is None or group.get("error"):
         return None
     good = [s for s in group["sites"] if s.get("confirmed") and s.get("fresh_replay")]
@@ -612,9 +618,7 @@ def anomalies(subjects: list[Subject], results: dict[tuple, dict], strategies: l
 def miss_note(bug: Bug, res: dict | None) -> str | None:
     """For a missed bug: how close the search of its own site came, and the engine's probe outside
     the bounds (``reach``): where the op would go non-finite if the inputs could leave them."""
-    if not res or "crash" in res:
-        return None
-    group = next((g for g in res["groups"] if _of_group(bug, g)), None)
+    group = bug_group(bug, res)
     if group is None:
         return None
     searched = [s for s in group["sites"] if s["op"] == bug.op and s.get("steps") is not None]
