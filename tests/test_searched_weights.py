@@ -137,3 +137,65 @@ def test_grists_sc_dnn_divisions_are_found_by_searching_its_weights(variant, bug
                                                     reach_steps=0)).run(40)
     assert result.status is SiteStatus.FOUND, f"{bug} missed (best {result.best_loss:.3g})"
     assert result.candidate.first_op.location == site.location
+
+
+def _unreachable_mlp(hidden: int) -> Target:
+    """A small MLP that trains, with searched weights whose first dimension (``hidden``) is not the
+    batch's (8), and a ``log`` whose input never falls below 0.5 (the last row's: the weakest): the
+    search spends its whole budget, so every move it has (rides of the training, rides on the
+    program's own data) is taken."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def program(batch):
+        p = torch.softmax(model(batch["x"]), 1)
+        floor = torch.linspace(1.0, 0.5, 8)[:, None]       # row 7 is always the nearest the edge
+        return -(batch["y"] * torch.log(p + floor)).sum(1).mean()
+
+    def sample(rng: np.random.Generator):
+        return {"x": rng.random((8, 6), dtype=np.float32),
+                "y": np.eye(3, dtype=np.float32)[rng.integers(0, 3, 8)]}
+
+    return Target(program=program, sample=sample, model=model, optimizer=opt,
+                  bounds={"x": (0.0, 1.0)}, search=["x"])
+
+
+@pytest.mark.parametrize("hidden", [1, 16])
+def test_searched_weights_shorter_or_longer_than_the_batch_survive_a_whole_budget(hidden):
+    """Issue 56, item 4: a ride on the program's own data put the site's first batch back and copied the
+    weakest batch row into every searched value, weights included: an IndexError where a weight has
+    fewer rows than the batch, weight rows silently overwritten where it has more. Inputs and weights
+    are different spaces: the batch goes back to its first data, the weights stay where the search
+    left them."""
+    runner = make_runner("mlp", _unreachable_mlp(hidden), RunnerOptions(search_weights=True))
+    batch = dict(runner.sample(np.random.default_rng(0)))
+    site = next(s for s in runner.discover(batch, 0) if s.op == "log" and s.searched)
+    search = SiteSearch(runner, site, SearchConfig(strategy="adaptive", max_steps=1200, seed=0,
+                                                    search_weights=True, reach_steps=0))
+    result = search.run(1200)
+    assert result.status is SiteStatus.EXHAUSTED, result.status
+    assert result.steps == 1200
+    assert any(k.startswith("weight:") for k in search.values), "weights are searched"
+
+
+def test_a_ride_on_the_programs_own_data_leaves_searched_weights_where_they_are():
+    """The ride on real data puts the batch back to the site's first one, the weakest row kept; a weight
+    with more rows than the batch (16 > 8) was silently overwritten at the weakest row's index."""
+    from fuzz_core.strategies.adaptive import Adaptive
+
+    runner = make_runner("mlp", _unreachable_mlp(16), RunnerOptions(search_weights=True))
+    site = next(s for s in runner.discover(dict(runner.sample(np.random.default_rng(0))), 0)
+                if s.op == "log" and s.searched)
+    search = SiteSearch(runner, site, SearchConfig(strategy="adaptive", max_steps=200, seed=0,
+                                                    search_weights=True, reach_steps=0))
+    while "current" not in search.cache:
+        search.run(1)
+    search.values["weight:0.weight"] = search.values["weight:0.weight"] + 1.0   # today's, unlike the first
+    today = {k: v.copy() for k, v in search.values.items()}
+    Adaptive()._ride_on(search, search.cache["current"])
+    for k, v in today.items():
+        if k.startswith("weight:"):
+            assert np.array_equal(search.values[k], v), f"{k} changed"
+    assert np.array_equal(search.values["x"][:7], search.original["x"][:7]), "the first batch is back"
+    assert np.array_equal(search.values["x"][7], today["x"][7]), "the weakest row is kept"

@@ -365,11 +365,15 @@ class Adaptive(Strategy):
         if not RIDE_REAL:
             return
         keep = self._weakest_rows(s, cur)
-        real = {k: np.array(v, copy=True) for k, v in s.original.items()}
-        if len(keep) < s.batch_size:
-            for k, v in real.items():
-                if k in s.values and np.shape(s.values[k]) == np.shape(v):
-                    v[keep] = s.values[k][keep]
+        # the batch goes back to the site's first (real) data; searched weights are another space, not rows
+        # of a batch: they stay where today's search left them
+        real = dict(s.values)
+        for k, v in s.original.items():
+            if k.startswith(WEIGHT_PREFIX):
+                continue
+            real[k] = np.array(v, copy=True)
+            if len(keep) < s.batch_size and k in s.values and np.shape(s.values[k]) == np.shape(v):
+                real[k][keep] = s.values[k][keep]
         s.values = real
         st.update(real_ride=True, arm=DRIFT_ARMS.index("grad"))
 
@@ -828,9 +832,13 @@ def _in_place(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> bo
 
 
 def _rows_only(g: dict[str, np.ndarray], rows: list[int]) -> dict[str, np.ndarray]:
-    """``g`` with every sample but ``rows`` (on dimension 0) set to 0."""
+    """``g`` with every sample but ``rows`` (on dimension 0) set to 0; searched weights, which have no
+    samples, as they are."""
     out = {}
     for k, v in g.items():
+        if k.startswith(WEIGHT_PREFIX):
+            out[k] = v
+            continue
         keep = np.zeros(np.shape(v)[0], dtype=bool)
         keep[rows] = True
         out[k] = np.where(keep.reshape((-1,) + (1,) * (np.ndim(v) - 1)), v, 0.0)
