@@ -120,7 +120,9 @@ def moved(report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         new = relocated(old, entry["code"])
         if new is None or new == old:
             continue
-        entry = {**entry, "location": new, "column": None}
+        # its column stays: the line reads the same code (a line added above moves it whole; a bug's
+        # signature names its column, and the finding at the new line must be the same bug)
+        entry = {**entry, "location": new}
         if key == "site":
             entry["id"] = site_id(entry["target"], entry["op"], new, int(entry["occurrence"]))
             entry.pop("label", None)

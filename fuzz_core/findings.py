@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from fuzz_core.io import atomic_save_arrays, atomic_write_json, load_arrays, read_json
-from fuzz_core.sites import OpSite, source_line
+from fuzz_core.sites import OpSite, position, source_line
 
 SCHEMA_VERSION = 1
 REPORT = "finding.json"
@@ -33,40 +33,90 @@ VALUES = "values.safetensors"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def signature(target: str, op: str, location: str, hazard: str) -> str:
-    """Dedupe key of a bug: the same bug found twice has the same signature."""
-    return hashlib.sha1(f"{target}\x00{op}\x00{location}\x00{hazard}".encode()).hexdigest()[:16]
+@dataclass(frozen=True)
+class Bug:
+    """What a finding shows to be wrong, whichever search found it: the op that went non-finite
+    first (its catalogue row: ``log``, ``log_grad`` for a backward hazard, ``div``, ...), the user's
+    call that ran it (``path:line`` and column), the hazard, and the direction (phase) in which it
+    went non-finite. Its :attr:`signature` is the key of one bug across sites, runs, seeds and
+    campaigns: two searches that drive the same call out of its domain in the same direction found
+    one bug. Not the target (two targets built from one program file share its bugs), nor the
+    call's occurrence in a pass (a loop runs one call many times: one line of code to fix), which
+    is kept to name the site it is at."""
+
+    op: str
+    kind: str
+    location: str              # repo-relative "path:line"
+    column: int | None
+    hazard: str
+    phase: str = "forward"     # forward | backward | update: the direction in which it went non-finite
+    occurrence: int = 0
+
+    @property
+    def signature(self) -> str:
+        return signature(self.op, self.location, self.hazard, self.phase, self.column)
+
+    @property
+    def position(self) -> str:
+        """``path:line:col`` (``path:line`` when the column is unknown)."""
+        return position(self.location, self.column)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"signature": self.signature, "op": self.op, "kind": self.kind, "location": self.location,
+                "column": self.column, "position": self.position, "hazard": self.hazard, "phase": self.phase,
+                "occurrence": self.occurrence}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Bug":
+        column = d.get("column")
+        return cls(str(d.get("op", "")), str(d.get("kind", "")), str(d.get("location", "")),
+                   int(column) if isinstance(column, int) and column > 0 else None, str(d.get("hazard", "")),
+                   str(d.get("phase") or "forward"), int(d.get("occurrence", 0) or 0))
 
 
-def bug_signature(site: dict[str, Any], site_triggered: bool, first_op: dict[str, Any] | None, phase: str) -> str:
-    """The signature of the bug a finding shows: its site's hazard, or, when another op (or the
-    training step) went non-finite first, that op in its phase."""
+def signature(op: str, location: str, hazard: str, phase: str = "forward", column: int | None = None) -> str:
+    """Dedupe key of a bug (:class:`Bug`): the same bug found twice has the same signature."""
+    key = f"{op}\x00{position(location, column)}\x00{hazard}\x00{phase}"
+    return hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
+def bug_of(site: dict[str, Any], site_triggered: bool, first_op: dict[str, Any] | None, phase: str) -> Bug:
+    """The bug a finding shows: its site's hazard when the site's own op fired, else the op that went
+    non-finite first (or the training step's), in its phase, named by the catalogue's row for that
+    phase when it has one (so the bug has the signature its own site's search gives it), else by the
+    op's kind in its phase."""
+    phase = str(phase or "forward")
     if site_triggered or not first_op:
-        return signature(site["target"], site["op"], site["location"], site["hazard"])
-    return signature(site["target"], *bug_of(first_op, phase))
-
-
-def report_signature(report: dict[str, Any]) -> str:
-    """:func:`bug_signature` of a finding report's site and first op as they stand (not its recorded
-    ``signature``: a report whose locations were moved to where their code sits now gets the
-    signature the bug has there)."""
-    return bug_signature(report["site"], bool(report.get("site_triggered", True)), report.get("first_op"),
-                         str(report.get("phase") or "forward"))
-
-
-def bug_of(first_op: dict[str, Any], phase: str) -> tuple[str, str, str]:
-    """(op, location, hazard) of the bug a first non-finite op names: the catalogue's row when
-    the op has one for that phase (so the bug has the signature its own site's search gives it),
-    else the op's kind in its phase."""
+        return Bug(str(site.get("op", "")), str(site.get("kind", "")), str(site.get("location", "")),
+                   _column(site), str(site.get("hazard", "")), phase, int(site.get("occurrence", 0) or 0))
     from fuzz_core.catalogue import DEFAULT_CATALOGUE
 
-    op, kind, location = str(first_op.get("op", "")), str(first_op.get("kind", "")), str(first_op.get("location", ""))
+    op, kind = str(first_op.get("op", "")), str(first_op.get("kind", ""))
     name = f"{op}_grad" if phase == "backward" else op
     try:
         spec = DEFAULT_CATALOGUE[name]
+        name, hazard = spec.name, spec.hazard
     except KeyError:
-        return op, location, f"{phase}: {kind}"
-    return spec.name, location, spec.hazard
+        name, hazard = op, f"{phase}: {kind}"
+    return Bug(name, kind, str(first_op.get("location", "")), _column(first_op), hazard, phase,
+               int(first_op.get("occurrence", 0) or 0))
+
+
+def report_bug(report: dict[str, Any]) -> Bug:
+    """:func:`bug_of` of a finding report's site and first op as they stand (a report whose locations
+    were moved to where their code sits now gets the bug it is there)."""
+    return bug_of(report["site"], bool(report.get("site_triggered", True)), report.get("first_op"),
+                  str(report.get("phase") or "forward"))
+
+
+def report_signature(report: dict[str, Any]) -> str:
+    """The signature of :func:`report_bug` (not the report's recorded ``signature``)."""
+    return report_bug(report).signature
+
+
+def _column(entry: dict[str, Any]) -> int | None:
+    column = entry.get("column")
+    return column if isinstance(column, int) and column > 0 else None
 
 
 @dataclass
@@ -104,22 +154,21 @@ class Finding:
         return self.replays[0] < self.replays[1]
 
     @property
+    def bug(self) -> Bug:
+        """The bug it shows: the searched site's hazard, or, when another op (or the training step)
+        went non-finite first, that op in its phase."""
+        return bug_of(self.site.to_dict(), self.site_triggered, self.first_op, self.phase)
+
+    @property
     def signature(self) -> str:
-        """The bug: the searched site's hazard, or, when another op (or the training step) went
-        non-finite first, that op in its phase."""
-        if self.known_as:
-            return self.known_as
-        return bug_signature(self.site.to_dict(), self.site_triggered, self.first_op, self.phase)
+        return self.known_as or self.bug.signature
 
     @property
     def folder_name(self) -> str:
-        return _SAFE.sub("_", f"{self.site.target}-{self.site.op}-{self.site.id}")
-
-    @property
-    def passed_folder_name(self) -> str:
-        """The folder of another op's finding that the site's search stepped past (:meth:`SiteSearch.step_past`):
-        beside the site's own, which a later finding of the same search takes."""
-        return f"{self.folder_name}-passed-{self.step}"
+        """``<target>-<bug's op>-<searched site's id>-s<step>``: one per finding of a run (a site's
+        search finds at most one candidate per step); :func:`finding_folder` makes it unique in a
+        folder that other runs of the same target name share."""
+        return _SAFE.sub("_", f"{self.site.target}-{self.bug.op}-{self.site.id}-s{self.step}")
 
     def report(self, folder: Path | None = None) -> dict[str, Any]:
         batch = next(iter(self.inputs.values())).shape[0] if self.inputs else 0
@@ -129,6 +178,7 @@ class Finding:
             "site": with_code(self.site.to_dict()),
             "hazard": self.site.hazard,
             "signature": self.signature,
+            "bug": {**self.bug.to_dict(), "signature": self.signature},
             "first_op": with_code(dict(self.first_op)) if self.first_op else self.first_op,
             "phase": self.phase,
             "site_triggered": self.site_triggered,
@@ -189,6 +239,34 @@ def write_finding(finding: Finding, folder: Path, display: Path | None = None, r
     write_reproducer(folder, report, root)
     atomic_write_json(folder / REPORT, report)
     return folder
+
+
+def finding_folder(findings_dir: Path, finding: Finding) -> tuple[Path, bool]:
+    """Where ``finding`` goes under ``findings_dir``, and whether it is there already. Its
+    :attr:`Finding.folder_name`, unless that folder holds another finding (the same target name with
+    other arguments, as a benchmark that builds variants of one program under one name): then the
+    first free ``<name>-2``, ``<name>-3`` ... A folder that holds this very finding (the same target,
+    arguments, site and step: a driver killed after writing it and resumed finds it again) is kept."""
+    base = findings_dir / finding.folder_name
+    for n in range(1, 10_000):
+        folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        report = folder / REPORT
+        if not folder.exists():
+            return folder, False
+        if report.is_file():
+            try:
+                old = read_json(report)
+            except (OSError, ValueError):
+                continue
+            if _same_finding(old, finding):
+                return folder, True
+    raise FindingError(f"{findings_dir}: no free folder name for {finding.folder_name}")
+
+
+def _same_finding(report: dict[str, Any], finding: Finding) -> bool:
+    target = report.get("target") or {}
+    return ((report.get("site") or {}).get("id") == finding.site.id and int(report.get("step", -1)) == finding.step
+            and all(target.get(k) == finding.target.get(k) for k in ("name", "entry", "args", "seed")))
 
 
 @dataclass

@@ -210,7 +210,7 @@ def search_group(framework: str, sid: int, strategy: str, max_steps: int, seed: 
     ``only``: (file, lines): search only the sites on those lines (a bug's own, :func:`bug_lines`)."""
     from fuzz_core.backends.base import RunnerOptions
     from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_from, replay, search_site
-    from fuzz_core.findings import load_finding, write_finding
+    from fuzz_core.findings import finding_folder, load_finding, write_finding
     from fuzz_core.search import SearchConfig
 
     weights = bool(group.get("search_weights", False))
@@ -237,10 +237,10 @@ def search_group(framework: str, sid: int, strategy: str, max_steps: int, seed: 
         t0 = time.perf_counter()
         passed: list[dict[str, Any]] = []
 
-        def confirm_into(entry: dict[str, Any], result, passed: bool = False) -> None:
-            """A candidate's fields, its confirmation (the engine's replays), its folder and a replay of
-            the folder in a fresh build, into ``entry``. ``passed``: another op's finding the search steps
-            past, whose folder the site's later finding must not take (as a campaign names it)."""
+        def confirm_into(entry: dict[str, Any], result) -> None:
+            """A candidate's fields, its confirmation (the engine's replays), its folder (one per finding:
+            variants of one program, built under one name, never share one) and a replay of the folder in a
+            fresh build, into ``entry``."""
             cand = result.candidate
             entry.update(candidate=True, candidate_first_op=_op_dict(cand.first_op), candidate_step=int(cand.step),
                          training=bool(cand.training))
@@ -257,9 +257,10 @@ def search_group(framework: str, sid: int, strategy: str, max_steps: int, seed: 
                 entry["own"] = bool(getattr(finding, "site_triggered", True))
                 entry["phase"] = getattr(finding, "phase", "forward")
                 entry["first_op"] = finding.first_op
-                folder = findings_dir / (finding.passed_folder_name if passed else finding.folder_name)
                 try:
-                    write_finding(finding, folder)
+                    folder, there = finding_folder(findings_dir, finding)   # never another variant's folder
+                    if not there:
+                        write_finding(finding, folder)
                     entry["finding"] = _rel(folder)
                     runner.reset()                     # as the engine does before a new build
                     fresh = build_runner(spec, options)
@@ -278,7 +279,7 @@ def search_group(framework: str, sid: int, strategy: str, max_steps: int, seed: 
             """Another op's finding that the search reported and stepped past: a record of its own."""
             entry = {**rec, "steps": int(result.steps), "search_s": round(float(result.seconds), 4),
                      "status": "stepped past", "passed": True}
-            confirm_into(entry, result, passed=True)
+            confirm_into(entry, result)
             passed.append(entry)
 
         try:
