@@ -107,8 +107,10 @@ def describe(record: dict[str, Any], bounds: dict[str, tuple[float, float]]) -> 
     if record.get("error"):
         return f"outside its bounds the program raised ({record['error']})"
     if not record.get("triggered"):
+        best = record.get("probe_best_loss")
+        closest = f"{best:.4g}" if isinstance(best, (int, float)) else "-"
         return (f"not triggered within {WIDEN:g}x its bounds either ({record['probe_steps']} more steps; "
-                f"closest suspect loss {record.get('probe_best_loss')})")
+                f"closest suspect loss {closest})")
     out = record.get("outside")
     if out is None:
         return f"triggered inside its bounds after {record['probe_steps']} more steps: the budget was too small"

@@ -17,10 +17,10 @@ class _Value(str, Enum):
 class SiteStatus(_Value):
     PENDING = "pending"
     SEARCHING = "searching"
-    FOUND = "found"              # a candidate that every replay reproduced
+    FOUND = "found"              # a bug at its op, confirmed by every replay (whichever site's search found it)
     FLAKY = "flaky"              # a candidate that some replays reproduced, not all
     EXHAUSTED = "exhausted"      # its whole step budget spent, nothing found
-    RETIRED = "retired"          # retired early by the scheduler, budget left, without progress
+    RETIRED = "retired"          # ended early, budget left: no progress, or blocked by another op's bug
     UNREACHABLE = "unreachable"  # no gradient path from any searched value, nothing else moves
     ERROR = "error"              # the program raised, its actor kept dying, or an internal error
     TIMEOUT = "timeout"          # quanta over their time limit
@@ -51,6 +51,7 @@ class ExitReason(_Value):
     TRIGGERED_FLAKY = "triggered_flaky"  # some replays confirmed it
     BUDGET_SPENT = "budget_spent"      # max_steps used
     NO_PROGRESS = "no_progress"        # retired by the scheduler: refreshes stayed fruitless
+    BLOCKED = "blocked"                # retired: its search ended on another op's bug it cannot step past
     UNREACHABLE = "unreachable"        # no gradient path to the suspect loss
     TARGET_ERROR = "target_error"      # the factory or program raised
     INTERNAL_ERROR = "internal_error"  # CDeepFuzz itself failed (a bug to report, not the user's)

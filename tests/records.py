@@ -13,7 +13,8 @@ from orchestrator.schemas import validate
 
 
 class Recorder(Observer):
-    """Counts what the observers hear: findings per folder and final transitions per site."""
+    """Counts what the observers hear: findings per folder and final transitions per site (a site that
+    ended, then was found by another site's search, ended once)."""
 
     def __init__(self) -> None:
         self.findings: Counter = Counter()
@@ -30,8 +31,8 @@ class Recorder(Observer):
 
     def site_changed(self, rec, before) -> None:
         self.transitions.append((rec.site.id, before.value, rec.status.value))
-        if rec.status.final and rec.status is not SiteStatus.STOPPED:
-            self.finals[rec.site.id] += 1
+        if rec.status.final and rec.status is not SiteStatus.STOPPED and not (before.final and rec.found_by):
+            self.finals[rec.site.id] += 1       # (found after it ended, by another site's search: no second end)
 
     def run_ended(self, run) -> None:
         self.ended += 1
@@ -43,29 +44,49 @@ class Recorder(Observer):
 
 
 def check_run(run_dir: Path) -> dict:
-    """Validate summary.json and every finding.json of a run; the summary agrees with state.db;
-    one finding folder per found site, and one per finding a site's search stepped past (named by the site's
-    ``passed``); each site reached its final status once. Returns the summary."""
+    """Validate summary.json and every finding.json of a run; the summary agrees with state.db; every
+    record tells one story of each bug (the summary's bugs, its totals, the found sites, the finding
+    folders); one finding folder per finding, named by a found site's ``finding`` or a site's ``passed``;
+    each site reached its final status once, or twice when another site's search found the bug at it
+    after it ended (then ``found`` last, with ``found_by``). Returns the summary."""
     run_dir = Path(run_dir)
     validate(run_dir / "summary.json")
     summary = json.loads((run_dir / "summary.json").read_text())
     folders = sorted(run_dir.glob("findings/*/finding.json"))
     for path in folders:
         validate(path)
+    on_disk = {f.parent.relative_to(run_dir).as_posix() for f in folders}
     found = {s["id"]: s for s in summary["sites"] if s["status"] in ("found", "flaky")}
     named = {s["finding"] for s in found.values()} | {p for s in summary["sites"] for p in s.get("passed", [])}
-    assert {f.parent.relative_to(run_dir).as_posix() for f in folders} == named, (folders, named)
+    assert on_disk == named, (folders, named)
     assert all(not s.get("finding") for s in summary["sites"] if s["id"] not in found)
+    bugs = summary["bugs"]                                          # one bug, one record
+    assert summary["totals"]["bugs"] == len(bugs) == len({b["signature"] for b in bugs})
+    occurrences = [o["folder"] for b in bugs for o in b["occurrences"]]
+    assert sorted(occurrences) == sorted(on_disk) and summary["totals"]["findings"] == len(on_disk)
+    at = {site for b in bugs for site in b["sites"]}
+    assert at == set(found), (at, set(found))                       # a site is found where a bug is at it
+    for b in bugs:
+        assert b["reproducer"] in [o["folder"] for o in b["occurrences"]]
+        for folder in (o["folder"] for o in b["occurrences"]):
+            report = json.loads((run_dir / folder / "finding.json").read_text())
+            assert report["bug"]["signature"] == b["signature"] == report["signature"]
     db = sqlite3.connect(f"file:{run_dir / 'state.db'}?mode=ro", uri=True)
     try:
         stored = dict(db.execute("SELECT id, status FROM sites").fetchall())
         assert stored == {s["id"]: s["status"] for s in summary["sites"]}
+        assert sorted(r[0] for r in db.execute("SELECT folder FROM findings")) == sorted(on_disk)
         state, reason, code = db.execute("SELECT state, exit_reason, exit_code FROM run").fetchone()
         assert (state, reason, code) == (summary["run"]["state"], summary["run"]["exit_reason"],
                                          summary["run"]["exit_code"])
-        finals = Counter(site for site, status in db.execute("SELECT site_id, status FROM transitions")
-                         if status not in ("pending", "searching", "stopped"))
-        assert all(n == 1 for n in finals.values()), finals
+        finals: dict[str, list[str]] = {}
+        for site, status in db.execute("SELECT site_id, status FROM transitions ORDER BY seq"):
+            if status not in ("pending", "searching", "stopped"):
+                finals.setdefault(site, []).append(status)
+        by_id = {s["id"]: s for s in summary["sites"]}
+        for site, ends in finals.items():
+            assert len(ends) == 1 or (len(ends) == 2 and ends[-1] in ("found", "flaky") and by_id[site]["found_by"]), \
+                (site, ends)
     finally:
         db.close()
     return summary

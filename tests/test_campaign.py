@@ -57,7 +57,7 @@ def test_local_campaign_writes_summary_findings_and_replays(tmp_path: Path):
     assert outcome.exit_code == 1
     summary = check_run(outcome.run_dir)
     recorder.check_once()
-    assert summary["schema_version"] == 2
+    assert summary["schema_version"] == 3
     assert summary["run"]["state"] == "completed" and summary["run"]["exit_code"] == 1
     assert summary["run"]["exit_reason"] == "completed"
     assert {s["exit_reason"] for s in summary["sites"] if s["status"] == "exhausted"} <= {"budget_spent"}
@@ -72,7 +72,8 @@ def test_local_campaign_writes_summary_findings_and_replays(tmp_path: Path):
             assert (folder / "finding.json").is_file() and (folder / "values.safetensors").is_file()
             assert (folder / "test_reproducer.py").is_file()
             report = json.loads((folder / "finding.json").read_text())
-            assert report["site"]["id"] == site["id"] and report["first_op"]["kind"] == site["kind"]
+            assert report["first_op"]["kind"] == site["kind"]
+            assert report["site"]["id"] == site["id"] if not site["found_by"] else report["site"]["label"] == site["found_by"]
             assert report["minimised"]["batch_size"] == 1
             result = CliRunner().invoke(app, ["replay", str(folder)])
             assert result.exit_code == 0, result.output
@@ -121,12 +122,14 @@ def test_ray_campaign_with_mlflow_and_parquet(tmp_path: Path, ray_session, monke
     assert len(found) == sum(1 for s in summary["sites"] if s["status"] == "found")
     for run in found:
         tags = run.data.tags
-        assert {"site.op", "site.location", "site.target", "hazard", "trigger", "signature", "bug.run_id"} <= set(tags)
+        assert {"site.op", "site.location", "site.target", "signature", "bug.run_id"} <= set(tags)
         assert tags["triage"] == "new"
-        history = client.get_metric_history(run.info.run_id, "suspect_loss")
-        assert history and [m.step for m in history] == sorted(m.step for m in history)
-        names = {a.path for a in client.list_artifacts(run.info.run_id, "finding")}
-        assert {"finding/finding.json", "finding/values.safetensors"} <= names
+        if not tags.get("found_by"):             # its own search found it: the finding's files are its own
+            history = client.get_metric_history(run.info.run_id, "suspect_loss")
+            assert history and [m.step for m in history] == sorted(m.step for m in history)
+            names = {a.path for a in client.list_artifacts(run.info.run_id, "finding")}
+            assert {"finding/finding.json", "finding/values.safetensors"} <= names
+    assert {r.data.tags["signature"] for r in found} <= {b["signature"] for b in summary["bugs"]}
 
     root = tmp_path / "runs"
     traces = pd.read_parquet(root / "traces", partitioning=TRACE_PARTITIONING)
@@ -135,15 +138,13 @@ def test_ray_campaign_with_mlflow_and_parquet(tmp_path: Path, ray_session, monke
     con = duckdb.connect()
     n = con.execute(f"select count(*) from read_parquet('{root}/findings/**/*.parquet', hive_partitioning=true)"
                     ).fetchall()[0][0]
-    assert n == len(found)
+    assert n == summary["totals"]["findings"]
 
-    result = CliRunner().invoke(app, ["bugs", "--tracking-uri", outcome.tracking_uri, "--json",
-                                      "--campaign", "ray-e2e"])
+    result = CliRunner().invoke(app, ["bugs", "--output", str(root), "--json", "--campaign", "ray-e2e"])
     assert result.exit_code == 0, result.output
     listed = json.loads(result.output)       # bugs, not runs: one row per signature
-    assert {b["signature"] for b in listed} == {r.data.tags["signature"] for r in found}
-    assert {s for b in listed for s in b["site_ids"]} == {r.data.tags["site.id"] for r in found}
-    assert all(b["triage"] == "new" and b["campaigns"] == ["ray-e2e"] and b["occurrences"] >= 1
+    assert {b["signature"] for b in listed} == {b["signature"] for b in summary["bugs"]}
+    assert all(b["triage"] == "new" and b["campaigns"] == ["ray-e2e"] and b["occurrences"] >= 1 and b["runs"] == 1
                and (Path(b["reproducer"]) / "finding.json").is_file() for b in listed)
 
 
@@ -187,27 +188,28 @@ def test_the_scheduler_hears_which_sites_report_log_space_losses(tmp_path: Path,
 
 
 def test_terminal_and_summary_say_what_was_found_and_how_close_the_rest_came(tmp_path: Path, capsys):
-    """Plain terminal lines: ``FOUND <site>: <op> (<phase>) at step N -> <folder>`` per finding, and
-    an exhausted site's line ends with the out-of-reach probe's message, which summary.json keeps."""
+    """Plain terminal lines: ``BUG n: <op> (<phase>) at <path:line:col>: <hazard> [...] -> <folder>`` once per
+    bug, and an exhausted site's line ends with the out-of-reach probe's message, which summary.json keeps."""
     targets = {"sig": PLANTED["sig"]}
     path = write_campaign(tmp_path, "reach", targets, actors=0, extra="tracking: {enabled: false}\n")
     path.write_text(path.read_text().replace("max_steps: 60", "max_steps: 30"))
     outcome = run_campaign(load_campaign(path), path, RunOptions(progress=True, live=False))
     err = capsys.readouterr().err
     summary = check_run(outcome.run_dir)
-    found = [s for s in summary["sites"] if s["status"] == "found"]
-    assert found
-    for s in found:
-        assert f"FOUND {s['label']}: {s['op']} (" in err and s["finding"] in err, err
+    assert summary["bugs"]
+    lines = [x for x in err.splitlines() if x.startswith("BUG ")]
+    assert len(lines) == len(summary["bugs"]), err                   # one line per bug, not per finding
+    for n, bug in enumerate(summary["bugs"], 1):
+        assert lines[n - 1].startswith(f"BUG {n}: {bug['op']} ({bug['phase']}) at {bug['position']}: "), err
+        assert bug["occurrences"][0]["folder"] in lines[n - 1]
+    assert f"cdeepfuzz: {len(summary['bugs'])} bug" in err
     exhausted = [s for s in summary["sites"] if s["status"] == "exhausted"]
     assert exhausted, "the sigmoid's first log site is out of reach within [-3, 3] at 30 steps"
     for s in exhausted:
         assert s["reach"] and s["reach"]["probe_steps"] > 0 and s["reach"]["message"], s
         line = next(x for x in err.splitlines() if f"{s['label']} exhausted" in x)
-        assert line.endswith(": " + s["reach"]["message"]), line
-    # a site whose search stepped past the other log's finding and then spent its budget ends with that
-    # finding, and with the probe's word on its own op; a site whose own op fired has none
-    assert all(s["reach"] is None for s in found if s["finding"] not in s["passed"])
-    for s in found:
-        if s["finding"] in s["passed"]:
-            assert s["finding"] == s["passed"][0] and s["reach"]["message"], s
+        assert line.endswith("; " + s["reach"]["message"]), line
+    for s in summary["sites"]:                 # a found site says nothing of a probe: its op went non-finite
+        if s["status"] == "found":
+            line = next(x for x in err.splitlines() if f"{s['label']} found" in x)
+            assert "would trigger" not in line and "not triggered" not in line, line

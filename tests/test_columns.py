@@ -172,8 +172,9 @@ def test_a_run_shows_the_column_in_every_output(tmp_path: Path):
     found = [s for s in logs.values() if s["status"] == "found"]
     assert found, summary["sites"]
 
-    for s in found:                                        # the FOUND line names the site by file:line:col
-        assert re.search(rf"FOUND {re.escape(s['label'])}: log \(forward\)", result.output), result.output
+    for s in found:                                        # the BUG line names the call by file:line:col
+        assert re.search(rf"BUG \d: log \(forward\) at {re.escape(TARGET)}:{line}:{s['column']}: ",
+                         result.output), result.output
         report = json.loads((run_dir / s["finding"] / "finding.json").read_text())
         assert report["site"]["column"] == s["column"] and report["site"]["label"] == s["label"]
         first_op = report["first_op"]
@@ -181,7 +182,7 @@ def test_a_run_shows_the_column_in_every_output(tmp_path: Path):
 
     log = json.loads(sarif.read_text())
     jsonschema.Draft4Validator(json.loads(SARIF_SCHEMA.read_text(encoding="utf-8"))).validate(log)
-    by_site = {r["properties"]["siteId"]: r for r in log["runs"][0]["results"]}
+    by_site = {site: r for r in log["runs"][0]["results"] for site in r["properties"]["sites"]}
     for s in found:
         region = by_site[s["id"]]["locations"][0]["physicalLocation"]["region"]
         report = json.loads((run_dir / s["finding"] / "finding.json").read_text())

@@ -220,14 +220,14 @@ def test_plain_mode_prints_a_line_per_event_and_one_final_headline():
     lines = stream.getvalue().splitlines()
     assert len(lines) == 5 + 5 + 1, lines
     assert lines[:5] == [f"[plain] {rec.site.label} searching" for rec in recs]
-    assert lines[5] == (f"[plain] {recs[0].site.label} found (triggered) steps=3 best_loss=0 "
-                        f"finding={recs[0].finding}")
-    assert lines[6] == f"[plain] {recs[1].site.label} retired (no_progress) steps=40 best_loss=2.5"
-    assert lines[8].startswith(f"[plain] {recs[3].site.label} error (target_error) steps=0")
+    assert lines[5] == f"[plain] {recs[0].site.label} found (triggered) after 3 steps"
+    assert lines[6] == f"[plain] {recs[1].site.label} retired (no progress) after 40 steps, closest suspect loss 2.5"
+    assert lines[7] == f"[plain] {recs[2].site.label} exhausted (budget spent) after 100 steps, closest suspect loss 1.25"
+    assert lines[8].startswith(f"[plain] {recs[3].site.label} error (target error) after 0 steps")
     assert not any("\x1b" in line for line in lines), "no terminal codes in a log"
     headlines = [line for line in lines if line.startswith("[plain] steps ")]
     assert headlines == [lines[-1]]
-    assert lines[-1].startswith("[plain] steps 145/145 (100%), findings 1, live sites 0/5, time ")
+    assert lines[-1].startswith("[plain] steps 145/145 (100%), bugs 0, live sites 0/5, time ")   # none reported
 
 
 def test_plain_mode_headline_every_ten_seconds(monkeypatch):

@@ -124,8 +124,9 @@ def test_grist_id2a_hidden_by_id2b_is_found_in_the_tf1_program():
 def test_a_campaign_keeps_both_findings_and_every_record_agrees(tmp_path: Path, request, strategy: str, own: bool,
                                                                  actors: int):
     """``random`` finds the hidden log after stepping past the other; ``grist`` steps past it and spends
-    its budget: the site ends found with the finding it stepped past, as a search that stopped there. On
-    Ray the search goes on in its actor from where it stepped past, as in this process."""
+    its budget: the site ends exhausted (its own op never fired), with the probe's word on it, and the
+    other log's bug is found all the same, at its own site. Every record counts bugs, one each. On Ray
+    the search goes on in its actor from where it stepped past, as in this process."""
     if actors:
         request.getfixturevalue("ray_session")
     path = tmp_path / "masked.yaml"
@@ -147,26 +148,33 @@ def test_a_campaign_keeps_both_findings_and_every_record_agrees(tmp_path: Path, 
     recorder.check_once()
     assert summary["run"]["executor"] == ("ray" if actors else "local")
     hit = next(s for s in summary["sites"] if s["location"] == HIT)
-    assert hit["status"] == "found" and len(hit["passed"]) == 1 and "-passed-" in hit["passed"][0]
+    miss = next(s for s in summary["sites"] if s["location"] == MISS)
+    assert len(hit["passed"]) == 1
     other = json.loads((outcome.run_dir / hit["passed"][0] / "finding.json").read_text())
     assert other["first_op"]["location"] == MISS and not other["site_triggered"]
-    mine = json.loads((outcome.run_dir / hit["finding"] / "finding.json").read_text())
-    assert mine["site_triggered"] is own and (hit["finding"] == hit["passed"][0]) is not own
-    if not own:
-        assert hit["steps"] == 200 and hit["reach"]             # its own op: the probe's word
-    for folder in {hit["finding"], *hit["passed"]}:
-        done = CliRunner().invoke(app, ["replay", str(outcome.run_dir / folder)])
+    assert miss["status"] == "found"                            # the bug at the other log is its site's
+    bugs = {b["location"]: b for b in summary["bugs"]}
+    assert set(bugs) == ({HIT, MISS} if own else {MISS})       # one record per bug, whoever found it
+    assert miss["id"] in bugs[MISS]["sites"] and hit["passed"][0] in [o["folder"] for o in bugs[MISS]["occurrences"]]
+    if own:
+        assert hit["status"] == "found" and hit["finding"] not in hit["passed"]
+        mine = json.loads((outcome.run_dir / hit["finding"] / "finding.json").read_text())
+        assert mine["site_triggered"]
+    else:
+        assert hit["status"] == "exhausted" and hit["steps"] == 200 and hit["reach"]   # its own op: the probe's word
+        assert not hit["finding"]
+    for bug in summary["bugs"]:
+        done = CliRunner().invoke(app, ["replay", str(outcome.run_dir / bug["reproducer"])])
         assert done.exit_code == 0, done.output
     results = sarif_log(*load_run(outcome.run_dir), outcome.run_dir)["runs"][0]["results"]
-    folders = [r["properties"]["finding"] for r in results if r["properties"]["siteId"] == hit["id"]]
-    assert sorted(folders) == sorted((outcome.run_dir / f).as_posix() for f in {hit["finding"], *hit["passed"]})
+    assert sorted(r["partialFingerprints"]["cdeepfuzzSignature/v2"] for r in results) == sorted(
+        b["signature"] for b in summary["bugs"])
     if actors:
         return
-    done = CliRunner().invoke(app, ["report", str(outcome.run_dir)])      # a page per finding, both in the table
+    done = CliRunner().invoke(app, ["report", str(outcome.run_dir)])      # a page per bug
     assert done.exit_code == 0, done.output
-    pages = {p.name for p in (outcome.run_dir / "report").rglob("*.html")}
-    assert {Path(f).name + ".html" for f in {hit["finding"], *hit["passed"]}} <= pages
-    assert ("(stepped past)" in (outcome.run_dir / "report" / "index.html").read_text()) is own
+    pages = {p.name for p in (outcome.run_dir / "report" / "findings").glob("*.html")}
+    assert pages == {Path(b["reproducer"]).name + ".html" for b in summary["bugs"]}
 
 
 def test_a_worker_reports_the_other_op_keeps_the_site_live_and_a_new_worker_catches_up_past_it():
@@ -238,6 +246,8 @@ def test_mlflow_keeps_the_stepped_past_finding_beside_the_sites_own(tmp_path: Pa
         assert "fix" in report(run, f"passed/{Path(passed).name}/finding.json")
         assert "fix" not in report(run, "finding/finding.json")
         assert f"passed.{Path(passed).name}.fix.verdict" in run.data.tags and "fix.verdict" not in run.data.tags
-    else:
-        assert len(runs) == 2
-        assert sorted(report(r, "finding/finding.json")["site_triggered"] for r in runs) == [False, True]
+    else:                                       # above max_site_runs: a run per bug, not per finding
+        bug_runs = [r for r in client.search_runs([experiment.experiment_id], "tags.status = 'found'")
+                    if "signature" in r.data.tags and "bug.op" not in r.data.tags]
+        assert sorted(r.data.tags["signature"] for r in bug_runs) == sorted(b["signature"] for b in summary["bugs"])
+        assert sorted(report(r, "finding/finding.json")["site_triggered"] for r in bug_runs) == [False, True]

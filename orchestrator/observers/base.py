@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from fuzz_core.findings import Finding
     from fuzz_core.search import QuantumResult
     from fuzz_core.status import SiteStatus
-    from orchestrator.run.records import RunRecord, SiteRecord, TargetRecord
+    from orchestrator.run.records import FindingRecord, RunRecord, SiteRecord, TargetRecord
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,11 @@ class Observer:
         """A quantum's result was committed: its trace, the site's new steps and losses."""
 
     def finding(self, rec: "SiteRecord", finding: "Finding", folder: Path) -> None:
-        """A finding was written (atomically, before this call) and committed."""
+        """A finding was written (atomically, before this call) and committed: an occurrence of the bug
+        ``finding.signature``, found by the search of ``rec``'s site (whose op it need not be at)."""
+
+    def findings_restored(self, findings: list["FindingRecord"]) -> None:
+        """A resumed run's findings so far (before ``sites_ready``): the bugs it has found already."""
 
     def site_changed(self, rec: "SiteRecord", before: "SiteStatus") -> None:
         """A site's status changed (the only place where it does: ``Controller.set_status``)."""
@@ -99,6 +103,9 @@ class Observers(Observer):
 
     def finding(self, rec, finding, folder):
         self._call("finding", rec, finding, folder)
+
+    def findings_restored(self, findings):
+        self._call("findings_restored", findings)
 
     def site_changed(self, rec, before):
         self._call("site_changed", rec, before)

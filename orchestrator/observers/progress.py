@@ -23,9 +23,9 @@ import sys
 import time
 from collections import Counter
 
-from fuzz_core.sites import position
 from fuzz_core.status import SiteStatus
 from orchestrator.observers.base import Observer
+from orchestrator.wording import bug_words, site_outcome
 
 HEADLINE_S = 10.0
 REDRAW_S = 0.25
@@ -47,35 +47,22 @@ def _loss(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{x:.4g}"
 
 
-def finding_lines(label: str, finding, folder: str) -> list[str]:
-    """``FOUND <site>: <op> (<phase>) at step N -> <folder>``, the op that went non-finite first
-    when it is not the site's own, a warning for a flaky finding, and each note on the data."""
-    lines = [f"FOUND {label}: {finding.site.op} ({finding.phase}) at step {finding.step}{_precision_note(finding)}"
-             f" -> {folder}"]
-    first = finding.first_op or {}
-    if first and not finding.site_triggered:
-        at = position(first["location"], first.get("column")) if first.get("location") else ""
-        where = f" at {at}#{first.get('occurrence', 0)}" if at else ""
-        lines.append(f"  the first non-finite value came from {first.get('op', '?')}{where}, not from this site's op")
+def finding_lines(finding, folder: str, number: int | None = None, by: str | None = None) -> list[str]:
+    """``BUG n: <op> (<phase>) at <path:line:col>: <hazard> [...] -> <folder>`` for a bug's first finding:
+    what broke and where (the bug, not the site whose search found it: ``by`` names that site when it
+    is not the bug's own), a warning for a flaky finding, and each note on the data."""
+    bug = {**finding.bug.to_dict(), "flaky": finding.flaky, "precision_only": finding.precision_only,
+           "overflow": finding.overflow}
+    head = f"BUG {number}" if number is not None else "BUG"
+    lines = [f"{head}: {bug_words(bug)} [{finding.site.target}], step {finding.step} -> {folder}"]
+    if by:
+        lines.append(f"  found by the search of {by}")
     if finding.flaky:
         done, runs = finding.replays
         lines.append(f"  WARNING: flaky: reproduced in {done} of {runs} fresh replays "
                      "(randomness in the program that the replay could not re-seed)")
     lines += [f"  note: {n}" for n in finding.notes]
     return lines
-
-
-def _precision_note(finding) -> str:
-    """`` [precision-only (float16)]`` for a finding only the lower precision makes (the float32
-    program stays finite on the same values), `` [float16; fails in fp32 too]`` otherwise; nothing in fp32."""
-    overflow = getattr(finding, "overflow", None) or {}
-    only = getattr(finding, "precision_only", None)
-    dtype = overflow.get("dtype") or "mixed precision"
-    if only is None:
-        return ""
-    excess = overflow.get("excess")
-    size = f", {excess:.3g}x its max" if isinstance(excess, (int, float)) else ""
-    return f" [precision-only ({dtype}){size}]" if only else f" [{dtype}{size}; fails in fp32 too]"
 
 
 def shorten(label: str, width: int) -> str:
@@ -137,6 +124,7 @@ class LiveView(Observer):
         self.budget = 0
         self._seen: dict[str, tuple] = {}   # site id -> (status, steps, budget) as counted
         self._said: dict[str, tuple] = {}   # site id -> (status, exit reason) of its last plain line
+        self._bugs: set[str] = set()        # the signatures of the run's bugs so far
 
     def __enter__(self) -> "LiveView":
         if self.live:
@@ -183,8 +171,8 @@ class LiveView(Observer):
     def live_sites(self) -> int:
         return self.counts[SiteStatus.PENDING] + self.counts[SiteStatus.SEARCHING]
 
-    def findings(self) -> int:
-        return self.counts[SiteStatus.FOUND] + self.counts[SiteStatus.FLAKY]
+    def bugs(self) -> int:
+        return len(self._bugs)
 
     # -- observer -------------------------------------------------------------------------------
     def message(self, text: str) -> None:
@@ -216,22 +204,22 @@ class LiveView(Observer):
         self.message(self.event_line(rec))
 
     def event_line(self, rec) -> str:
-        """A plain line for a site's new status: the label, the status (and why it ended), what it did."""
-        line = f"[{self.campaign}] {rec.site.label} {rec.status.value}"
+        """A plain line for a site's new status: the label, how it stands (:func:`site_outcome`), its steps."""
         if rec.status is SiteStatus.SEARCHING and not rec.steps:
-            return line
-        if rec.status.final:
-            line += f" ({rec.exit_reason.value})"
-        line += f" steps={rec.steps} best_loss={_loss(rec.best_loss)}"
-        if rec.finding:
-            line += f" finding={rec.finding}"
-        if rec.status.final and rec.reach:
-            line += f": {rec.reach['message']}"
-        return line
+            return f"[{self.campaign}] {rec.site.label} searching"
+        return f"[{self.campaign}] {rec.site.label} {site_outcome(rec.to_dict(), steps=True)}"
+
+    def findings_restored(self, findings) -> None:
+        self._bugs.update(f.signature for f in findings)
 
     def finding(self, rec, finding, folder) -> None:
-        """The finding's own lines, live view or not: what broke and where, and what to check."""
-        for line in finding_lines(rec.site.label, finding, rec.finding or str(folder)):
+        """The first finding of each bug in this run gets its lines, live view or not: what broke and
+        where; later occurrences of the same bug say nothing (``summary.json`` lists them)."""
+        if finding.signature in self._bugs:
+            return
+        self._bugs.add(finding.signature)
+        by = None if finding.site_triggered else rec.site.label
+        for line in finding_lines(finding, str(folder), len(self._bugs), by):
             self.message(line)
 
     def known_bug(self, record) -> None:
@@ -269,7 +257,7 @@ class LiveView(Observer):
     def headline(self) -> str:
         elapsed = time.monotonic() - self._t0
         return (f"[{self.campaign}] steps {self.steps}/{self.budget} ({self.percent():.0f}%), "
-                f"findings {self.findings()}, live sites {self.live_sites()}/{len(self.sites)}, "
+                f"bugs {self.bugs()}, live sites {self.live_sites()}/{len(self.sites)}, "
                 f"time {elapsed:.0f}s/{self.time_limit:.0f}s")
 
     def ordered(self) -> list:

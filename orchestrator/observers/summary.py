@@ -6,6 +6,13 @@ changed (not at every status change: a rewrite costs O(sites)), and when the run
 killed run still leaves a readable summary a few seconds old (the store, ``state.db``, is
 exact). The JSON Schema is ``orchestrator/schemas/summary.schema.json``.
 
+Version 3: ``bugs``, the run's bugs (one per signature: op, hazard, ``path:line:col``, direction, as
+its smallest reproducer shows it, with every occurrence under it), and ``totals.bugs`` (``findings``
+counts the occurrences); a site is ``found`` when a confirmed bug is at its op, whichever site's
+search found it (``found_by`` names that site when it is another); the findings of other ops' bugs that
+a site's search reported on its way are its ``passed`` and no longer make it found; a search that ends
+on another op's bug it cannot step past is ``retired`` with the exit reason ``blocked``.
+
 Version 2 (version 1 had the same fields, fewer of them): every site and target and the run
 carry an ``exit_reason`` beside their status; site statuses are :class:`SiteStatus` (``retired``
 and ``flaky`` are new, ``exhausted`` now means the budget was spent); a target's ``status`` is a
@@ -21,10 +28,10 @@ from typing import Any, Callable
 from fuzz_core.io import atomic_write_json
 from fuzz_core.status import RunState, SiteStatus
 from orchestrator.observers.base import Observer
-from orchestrator.run.records import RunRecord, SiteRecord, TargetRecord
+from orchestrator.run.records import FindingRecord, RunRecord, SiteRecord, TargetRecord, run_bugs
 from orchestrator.run.state import RunStore, now
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 FILENAME = "summary.json"
 INTERVAL_S = 5.0
 
@@ -38,10 +45,12 @@ def tracking_uri_of(summary: Any) -> str | None:
 
 
 def build_summary(run: RunRecord, targets: list[TargetRecord], sites: list[SiteRecord],
-                  known_bugs: list[dict[str, Any]], seconds: float | None = None) -> dict[str, Any]:
+                  known_bugs: list[dict[str, Any]], seconds: float | None = None,
+                  findings: list[FindingRecord] = ()) -> dict[str, Any]:
     counts = {status.value: 0 for status in SiteStatus}
     for rec in sites:
         counts[rec.status.value] += 1
+    bugs = run_bugs(list(findings), sites)
     stopped = run.exit_reason.value if run.state in (RunState.STOPPED, RunState.FAILED) else None
     return {
         "schema_version": SCHEMA_VERSION,
@@ -56,11 +65,25 @@ def build_summary(run: RunRecord, targets: list[TargetRecord], sites: list[SiteR
             "resume": f"cdeepfuzz run --resume {run.folder}" if stopped else None,
         },
         "targets": [t.to_dict() for t in targets],
+        "bugs": bugs,
         "sites": [s.to_dict() for s in sites],
         "known_bugs": known_bugs,
+        "expect": expectation(run, bugs),
         "totals": {"targets": len(targets), "sites": len(sites), "steps": sum(s.steps for s in sites),
-                   "findings": sum(1 for s in sites if s.status.finding), **counts},
+                   "bugs": len(bugs), "findings": len(findings), **counts},
     }
+
+
+def expectation(run: RunRecord, bugs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The campaign's ``expect`` against the run's bugs (:meth:`orchestrator.config.Campaign.expectation`);
+    None when the campaign says nothing, or cannot be read back."""
+    from orchestrator.config import Campaign
+
+    try:
+        campaign = Campaign.model_validate(run.config)
+    except ValueError:
+        return None
+    return campaign.expectation(bugs)
 
 
 class SummaryObserver(Observer):
@@ -79,7 +102,8 @@ class SummaryObserver(Observer):
     def write(self) -> Path:
         t = time.perf_counter()
         seconds = self.run.seconds if self.run.state is not RunState.RUNNING else self.clock() - self.started
-        data = build_summary(self.run, self.store.targets(), self.store.sites(), self.store.known_bugs(), seconds)
+        data = build_summary(self.run, self.store.targets(), self.store.sites(), self.store.known_bugs(), seconds,
+                             self.store.findings())
         atomic_write_json(self.path, data)
         self._dirty, self._last = False, self.clock()
         self.writes += 1

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fuzz_core.engine import TargetSpec
-from fuzz_core.findings import REPORT, write_finding
+from fuzz_core.findings import finding_folder, write_finding
 from fuzz_core.io import atomic_save_arrays, atomic_write_json, load_arrays, read_json
 from fuzz_core.search import SearchConfig
 from fuzz_core.sites import OpSite
@@ -35,7 +35,7 @@ from fuzz_core.status import ExitReason, SiteStatus
 from orchestrator.observers.base import Observer
 from orchestrator.run import failures
 from orchestrator.run.executors import ActorDied, QuantumTimeout, Task
-from orchestrator.run.records import RunRecord, SiteRecord, TargetRecord, target_rollup
+from orchestrator.run.records import FindingRecord, RunRecord, SiteRecord, TargetRecord, at_site, target_rollup
 from orchestrator.run.state import RunStore
 from orchestrator.run.stopping import StopRequest, StopRun
 from orchestrator.scheduler import Action, Allocation, SiteProgress, make_scheduler
@@ -248,6 +248,8 @@ class Controller:
         self.driver_seconds = 0.0
         self.status_changes = 0          # how many, and the driver's seconds spent on them (store and observers)
         self.status_seconds = 0.0
+        self._bugs: dict[str, str] = {}  # signature -> the folder of its first finding in this run
+        self._flaky: dict[str, bool] = {}   # finding folder -> flaky
 
     def _new_scheduler(self):
         c = self.campaign
@@ -283,11 +285,10 @@ class Controller:
                    error: str | None = None, traceback: str | None = None) -> None:
         t0 = time.perf_counter()
         before = rec.status
-        if before.final and before is not SiteStatus.STOPPED:
+        # a final status never changes, but for a stopped site (a resume reopens it) and for a site that
+        # ended without a finding where another site's search then found the bug at it
+        if before.final and before is not SiteStatus.STOPPED and not (status.finding and not before.finding):
             raise RuntimeError(f"site {rec.site.label} is already {before.value}: it cannot become {status.value}")
-        if rec.passed and not rec.finding and status in _ENDED_WITHOUT_OWN:
-            rec.finding = rec.passed[0]
-            status, reason = self._passed_status(rec)
         if status is before and reason is rec.exit_reason:
             return
         rec.status, rec.exit_reason = status, reason
@@ -356,6 +357,11 @@ class Controller:
                  else "whole log")
         with self._txn():
             self.scheduler.snapshot()          # the next resume replays nothing of what this one did
+        found = self.store.findings()
+        for record in found:
+            self._flaky[record.folder] = record.flaky
+            self._bugs.setdefault(record.signature, record.folder)
+        self.observers.findings_restored(found)
         for index, rec in enumerate(self.store.sites()):
             self._order[rec.site.id] = index
             self.sites[rec.site.id] = rec
@@ -487,9 +493,7 @@ class Controller:
         result = out.result
         self._reported = True
         finding = self._known_as(out.finding) if out.finding is not None else None
-        # another op's finding that the site's search reported and goes on past (the worker left it searching)
-        passed = finding is not None and result.status not in (SiteStatus.FOUND, SiteStatus.FLAKY)
-        folder = self._write_finding(rec, finding, passed) if finding is not None else None
+        folder = self._write_finding(finding) if finding is not None else None
         with self._txn():
             if out.checkpoint is not None:
                 rec.checkpoint = self._write_checkpoint(rec, out.checkpoint)
@@ -503,14 +507,20 @@ class Controller:
             rec.best_loss = min(rec.best_loss, result.best_loss)
             if result.trace:
                 rec.last_loss = result.trace[-1].suspect_loss
-            if folder is not None and passed:
+            at = None                                 # the site the finding's bug is at (rec: its own op)
+            if finding is not None:
                 where = folder.relative_to(self.run_dir).as_posix()
-                rec.passed = [*rec.passed, where] if where not in rec.passed else rec.passed
-            elif folder is not None:
-                rec.finding = folder.relative_to(self.run_dir).as_posix()
+                self._record_finding(FindingRecord.of(finding, where))
+                at = rec if finding.site_triggered else self._site_at(finding)
+                if at is rec:
+                    rec.finding = where
+                elif where not in rec.passed:         # another op's bug: its search goes on past it (or ended there)
+                    rec.passed = [*rec.passed, where]
             if result.reach:
                 rec.reach = result.reach
-            status, reason, failure = _outcome_status(result, finding)
+            status, reason, failure = _outcome_status(result, finding, own=at is rec)
+            if not status.final and rec.finding:      # the bug at this site, found by another's search meanwhile
+                status, reason = self._found(rec.finding)
             losses = tuple(p.suspect_loss for p in result.trace)
             if out.outside is not None:
                 log.info("%s: its own op %s outside its bounds (%d probe steps)", rec.site.label,
@@ -529,6 +539,42 @@ class Controller:
                 if failure is not None:
                     self._events.append(lambda: self.observers.message(
                         failures.describe(f"site {rec.site.label}", failure, "its program raised")))
+            if at is not None and at is not rec:
+                self._found_at(at, where, rec)
+
+    def _record_finding(self, record: FindingRecord) -> None:
+        self.store.put_finding(record)
+        self._flaky[record.folder] = record.flaky
+        self._bugs.setdefault(record.signature, record.folder)
+
+    def _found(self, folder: str) -> tuple[SiteStatus, ExitReason]:
+        """The status and reason of a site whose bug's finding is ``folder``: found, or flaky as it is."""
+        if self._flaky.get(folder, False):
+            return SiteStatus.FLAKY, ExitReason.TRIGGERED_FLAKY
+        return SiteStatus.FOUND, ExitReason.TRIGGERED
+
+    def _site_at(self, finding) -> SiteRecord | None:
+        """The searched site of the finding's target that its bug is at (another op's call), if any."""
+        bug = finding.bug.to_dict()
+        return next((s for s in self.sites.values() if s.site.target == finding.site.target
+                     and at_site(bug, s.site)), None)
+
+    def _found_at(self, at: SiteRecord, folder: str, by: SiteRecord) -> None:
+        """Another site's search found the bug at ``at``: ``at`` is found too (a site is found when a bug
+        at its op is confirmed, whichever search drove it there). A live site is retired (its search has
+        nothing left to find), now or, when a quantum of it is in flight, when that quantum reports; a
+        site that ended without a finding is found after all."""
+        if at.finding:
+            return
+        at.finding, at.found_by = folder, by.site.label
+        status, reason = self._found(folder)
+        if at.status.final:
+            if not at.status.finding and at.status is not SiteStatus.STOPPED:
+                self.set_status(at, status, reason)
+        elif at.inflight is None:
+            self._retire(at, status, reason)
+        else:
+            self.store.put_site(at, self._order[at.site.id])
 
     def _retire(self, rec: SiteRecord, status: SiteStatus, reason: ExitReason, *, error: str | None = None,
                 traceback: str | None = None) -> None:
@@ -536,17 +582,6 @@ class Controller:
         with self._txn():
             self.scheduler.retire(rec.site.id, status.value)
             self.set_status(rec, status, reason, error=error, traceback=traceback)
-
-    def _passed_status(self, rec: SiteRecord) -> tuple[SiteStatus, ExitReason]:
-        """A site that ends without its own op firing, after its search reported another op's finding
-        and stepped past it, ends with that finding (its ``finding``), as a search that stopped there
-        would have: found, or flaky as that finding is."""
-        try:
-            flaky = bool(read_json(self.run_dir / rec.finding / REPORT).get("flaky", False))
-        except (OSError, ValueError):
-            flaky = False
-        return ((SiteStatus.FLAKY, ExitReason.TRIGGERED_FLAKY) if flaky
-                else (SiteStatus.FOUND, ExitReason.TRIGGERED))
 
     # -- writing ---------------------------------------------------------------------------------
     def _known_as(self, finding):
@@ -560,20 +595,13 @@ class Controller:
         return dataclasses.replace(finding, known_as=known, notes=[
             *finding.notes, f"the known bug {known}, found before its line of code moved"])
 
-    def _write_finding(self, rec: SiteRecord, finding, passed: bool = False) -> Path:
-        """The finding folder, written once: a driver killed after writing it and resumed finds it again
-        at the same step, and keeps the folder it wrote. A finding the site's search stepped past has a
-        folder of its own beside the site's (``<site's folder>-passed-<step>``)."""
-        folder = self.run_dir / FINDINGS / (finding.passed_folder_name if passed else finding.folder_name)
-        report = folder / REPORT
-        if report.is_file():
-            try:
-                old = read_json(report)
-                if old.get("site", {}).get("id") == rec.site.id and int(old.get("step", -1)) == finding.step:
-                    return folder
-            except (OSError, ValueError):
-                pass
-        write_finding(finding, folder, display=folder)
+    def _write_finding(self, finding) -> Path:
+        """The finding's folder, written once (:func:`fuzz_core.findings.finding_folder`: unique per finding;
+        a driver killed after writing it and resumed finds it again at the same step, and keeps the
+        folder it wrote)."""
+        folder, there = finding_folder(self.run_dir / FINDINGS, finding)
+        if not there:
+            write_finding(finding, folder, display=folder)
         return folder
 
     def _write_checkpoint(self, rec: SiteRecord, checkpoint) -> str:
@@ -634,12 +662,9 @@ class Controller:
                 self.store.put_site(rec, self._order[rec.site.id])
             self.store.put_run(self.record)
 
-    def findings(self) -> int:
-        return sum(1 for s in self.sites.values() if s.status.finding)
-
-
-# a site's ends in which its own op did not fire: with a finding its search stepped past, it is found
-_ENDED_WITHOUT_OWN = (SiteStatus.EXHAUSTED, SiteStatus.RETIRED, SiteStatus.UNREACHABLE, SiteStatus.TIMEOUT)
+    def bugs(self) -> int:
+        """The run's bugs: distinct signatures among its findings."""
+        return len(self._bugs)
 
 _RETIREMENTS = {
     "RETIRE_EXHAUSTED": (SiteStatus.EXHAUSTED, ExitReason.BUDGET_SPENT),
@@ -648,11 +673,16 @@ _RETIREMENTS = {
 }
 
 
-def _outcome_status(result, finding) -> tuple[SiteStatus, ExitReason, failures.Failure | None]:
+def _outcome_status(result, finding, own: bool = True) -> tuple[SiteStatus, ExitReason, failures.Failure | None]:
     """The status, exit reason and (for an error) classified failure a quantum's result implies. A
     finding of another op that the site's search stepped past (the worker left its status searching,
-    or exhausted at that step) does not end the site: its own op may still go out of its domain."""
+    or exhausted at that step) does not end the site: its own op may still go out of its domain. One
+    it could not step past (a backward or update step went non-finite: the training it ran is the
+    program's) ends the search there, blocked, with budget left: retired, not found (its own op did
+    not go out of its domain)."""
     if finding is not None and result.status in (SiteStatus.FOUND, SiteStatus.FLAKY):
+        if not own:
+            return SiteStatus.RETIRED, ExitReason.BLOCKED, None
         flaky = bool(getattr(finding, "flaky", False))
         return ((SiteStatus.FLAKY, ExitReason.TRIGGERED_FLAKY) if flaky
                 else (SiteStatus.FOUND, ExitReason.TRIGGERED)) + (None,)

@@ -20,7 +20,10 @@ Tables (``STORE_VERSION`` in ``meta``):
   log it reflects (written in the transaction of the call at that position): a resume restores it
   and replays only the calls logged after it (the whole log when there is none, or it is unusable);
 - ``transitions``: every change of a site's status, in order (site, status, exit reason, steps, time);
-- ``known_bugs``: what the reuse phase found when it replayed the known bugs of the campaign's targets.
+- ``known_bugs``: what the reuse phase found when it replayed the known bugs of the campaign's targets;
+- ``findings``: every confirmed finding, in order (its folder, the site whose search found it, its
+  step, its bug as JSON, its size): the occurrences of the run's bugs, which
+  :func:`orchestrator.run.records.run_bugs` groups by signature for every output of the run.
 
 Every change happens in a transaction (``with store.transaction():``); a driver killed at any
 point leaves the state of the last committed one. WAL journal: readers (``cdeepfuzz report``,
@@ -39,7 +42,7 @@ from typing import Any, Iterator
 
 from fuzz_core.sites import OpSite
 from fuzz_core.status import ExitReason, RunState, SiteStatus
-from orchestrator.run.records import RunRecord, SiteRecord, TargetRecord
+from orchestrator.run.records import FindingRecord, RunRecord, SiteRecord, TargetRecord
 
 FILENAME = "state.db"
 STORE_VERSION = 1
@@ -66,6 +69,8 @@ CREATE TABLE IF NOT EXISTS transitions(
     seq INTEGER PRIMARY KEY, site_id TEXT NOT NULL, status TEXT NOT NULL, exit_reason TEXT NOT NULL,
     steps INTEGER NOT NULL, at TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS known_bugs(signature TEXT PRIMARY KEY, ord INTEGER NOT NULL, record TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS findings(
+    folder TEXT PRIMARY KEY, ord INTEGER NOT NULL, signature TEXT NOT NULL, record TEXT NOT NULL);
 """
 
 
@@ -115,7 +120,7 @@ class RunStore:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('store_version', ?)", (str(STORE_VERSION),))
-            for column in ("reach", "since", "passed"):     # a run folder written before sites had them
+            for column in ("reach", "since", "passed", "found_by"):   # a run folder written before sites had them
                 if column not in self._columns("sites"):
                     self._db.execute(f"ALTER TABLE sites ADD COLUMN {column} TEXT")
         self._db.execute("PRAGMA busy_timeout=10000")
@@ -205,26 +210,30 @@ class RunStore:
 
     def put_site(self, rec: SiteRecord, order: int) -> None:
         self._write(
-            "INSERT OR REPLACE INTO sites VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO sites(id, ord, site, status, exit_reason, steps, seconds, best_loss, last_loss, "
+            "finding, error, traceback, checkpoint, deaths, timeouts, mlflow_run_id, inflight, updated, reach, since, "
+            "passed, found_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (rec.site.id, order, _dumps(rec.site.to_dict()), rec.status.value, rec.exit_reason.value, rec.steps,
              rec.seconds, _real(rec.best_loss), _real(rec.last_loss), rec.finding, rec.error, rec.traceback,
              rec.checkpoint, rec.deaths, rec.timeouts, rec.mlflow_run_id,
              _dumps(rec.inflight) if rec.inflight else None, now(), _dumps(rec.reach) if rec.reach else None,
-             _dumps(rec.since) if rec.since else None, _dumps(rec.passed) if rec.passed else None))
+             _dumps(rec.since) if rec.since else None, _dumps(rec.passed) if rec.passed else None, rec.found_by))
 
     def _columns(self, table: str) -> set[str]:
         return {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
 
     def sites(self) -> list[SiteRecord]:
         columns = self._columns("sites")
-        reach, since, passed = (c if c in columns else "NULL" for c in ("reach", "since", "passed"))
+        reach, since, passed, found_by = (c if c in columns else "NULL"
+                                          for c in ("reach", "since", "passed", "found_by"))
         rows = self._db.execute("SELECT site, status, exit_reason, steps, seconds, best_loss, last_loss, finding, "
                                 f"error, traceback, checkpoint, deaths, timeouts, mlflow_run_id, inflight, {reach}, "
-                                f"{since}, {passed} FROM sites ORDER BY ord").fetchall()
+                                f"{since}, {passed}, {found_by} FROM sites ORDER BY ord").fetchall()
         return [SiteRecord(OpSite.from_dict(json.loads(r[0])), SiteStatus(r[1]), ExitReason(r[2]), r[3], r[4],
                            _loss(r[5]), _loss(r[6]), r[7], r[8], r[9], r[10], json.loads(r[16]) if r[16] else [],
                            r[11], r[12], r[13], json.loads(r[14]) if r[14] else None,
-                           reach=json.loads(r[15]) if r[15] else None, passed=json.loads(r[17]) if r[17] else [])
+                           reach=json.loads(r[15]) if r[15] else None, passed=json.loads(r[17]) if r[17] else [],
+                           found_by=r[18])
                 for r in rows]
 
     def transition(self, rec: SiteRecord) -> None:
@@ -283,3 +292,28 @@ class RunStore:
 
     def known_bugs(self) -> list[dict[str, Any]]:
         return [json.loads(r[0]) for r in self._db.execute("SELECT record FROM known_bugs ORDER BY ord")]
+
+    # -- findings ------------------------------------------------------------------------------------
+    def put_finding(self, rec: FindingRecord) -> None:
+        """Record a finding once (a resumed driver that writes the same folder again changes nothing)."""
+        order = self._scalar("SELECT COALESCE(MAX(ord), -1) + 1 FROM findings")
+        self._write("INSERT OR IGNORE INTO findings VALUES (?, ?, ?, ?)",
+                    (rec.folder, order, rec.signature, _dumps({**rec.to_dict(), "bug": rec.bug})))
+
+    def findings(self) -> list[FindingRecord]:
+        """The run's findings in the order they were recorded ([] for a run folder written before there were
+        findings in the store: :func:`orchestrator.run.records.findings_of_folder` reads those)."""
+        if "findings" not in self._tables():
+            return []
+        out = []
+        for (text,) in self._db.execute("SELECT record FROM findings ORDER BY ord"):
+            d = json.loads(text)
+            replays = d.get("replays") or {}
+            out.append(FindingRecord(d["folder"], d["site"], d["target"], int(d["step"]), d["bug"],
+                                     int(d.get("batch_size") or 0), d.get("distance_l2"), d.get("distance_linf"),
+                                     bool(d.get("flaky")), (int(replays.get("reproduced", 1)), int(replays.get("of", 1))),
+                                     d.get("precision_only"), str(d.get("created") or ""), d.get("overflow")))
+        return out
+
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
