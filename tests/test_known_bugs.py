@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from orchestrator.observers.bug_registry import BUG_EXPERIMENT, find_bug_run
 from records import check_run
 
 
@@ -49,7 +50,7 @@ def test_known_bugs_are_replayed_first_fixed_regressed_not_reproduced(tmp_path: 
         return check_run(run_dir), done.stderr
 
     def bugs() -> list[dict]:
-        done = _cli("bugs", "--json", "--tracking-uri", uri)
+        done = _cli("bugs", "--json", "--output", str(tmp_path / "out"))
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
@@ -58,7 +59,7 @@ def test_known_bugs_are_replayed_first_fixed_regressed_not_reproduced(tmp_path: 
     assert first["known_bugs"] == [] and bug["triage"] == "new" and bug["occurrences"] == 1
     sig = bug["signature"]
     assert (Path(bug["reproducer"]) / "finding.json").is_file()
-    assert _cli("triage", sig, "--state", "fixed", "--tracking-uri", uri).returncode == 0
+    assert _cli("triage", sig, "--state", "fixed", "--output", str(tmp_path / "out")).returncode == 0
 
     fixed.touch()                                         # the fix holds: replayed, not reproduced, still fixed
     second, _ = campaign(0)
@@ -74,11 +75,12 @@ def test_known_bugs_are_replayed_first_fixed_regressed_not_reproduced(tmp_path: 
     assert any(line.startswith(f"REGRESSED: bug {sig}") for line in err.splitlines()), err
     (bug,) = bugs()
     assert bug["triage"] == "regressed" and bug["occurrences"] == 2 and bug["first_seen"] <= bug["last_seen"]
-    client = MlflowClient(uri)
-    assert client.get_run(bug["bug_run_id"]).data.tags["triage"] == "regressed"     # the one place per bug
-    assert {client.get_run(r).data.tags["triage"] for r in bug["runs"]} == {"regressed"}   # and its copies
+    client = MlflowClient(uri)                            # MLflow mirrors the bug database
+    mirror = find_bug_run(client, client.get_experiment_by_name(BUG_EXPERIMENT).experiment_id, sig)
+    assert mirror.data.tags["triage"] == "regressed"
 
-    assert _cli("triage", sig, "--state", "confirmed", "--tracking-uri", uri).returncode == 0
+    assert _cli("triage", sig, "--state", "confirmed", "--output", str(tmp_path / "out"),
+                "--tracking-uri", uri).returncode == 0
     fixed.touch()                                         # fixed in the code, not triaged: never dropped
     fourth, err = campaign(0)
     (known,) = fourth["known_bugs"]
@@ -87,7 +89,9 @@ def test_known_bugs_are_replayed_first_fixed_regressed_not_reproduced(tmp_path: 
     (bug,) = bugs()
     assert bug["triage"] == "not reproduced" and bug["occurrences"] == 2
     assert [b["signature"] for b in bugs()] == [sig]      # one row per bug across the four campaigns
-    listed = _cli("bugs", "--tracking-uri", uri, "--state", "not-reproduced")
+    assert find_bug_run(client, client.get_experiment_by_name(BUG_EXPERIMENT).experiment_id,
+                        sig).data.tags["triage"] == "not reproduced"
+    listed = _cli("bugs", "--output", str(tmp_path / "out"), "--state", "not-reproduced")
     assert listed.returncode == 0 and sig in listed.stdout
 
 
@@ -110,7 +114,6 @@ def test_a_known_bug_whose_line_moved_keeps_its_triage_and_its_new_finding_joins
         device: cpu
         output: out
         """))
-    uri = "sqlite:///" + (tmp_path / "out" / "mlflow.db").as_posix()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
 
     def cli(*args: str) -> subprocess.CompletedProcess:     # in the user's project folder
@@ -118,14 +121,14 @@ def test_a_known_bug_whose_line_moved_keeps_its_triage_and_its_new_finding_joins
                               env=env, timeout=900, cwd=tmp_path)
 
     def bugs() -> list[dict]:
-        done = cli("bugs", "--json", "--tracking-uri", uri)
+        done = cli("bugs", "--json")                     # the output of the newest run here
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
     assert cli("run", "--plain", "mv.yaml").returncode == 1
     (bug,) = bugs()
     sig = bug["signature"]
-    assert cli("triage", sig, "--state", "wontfix", "--tracking-uri", uri).returncode == 0
+    assert cli("triage", sig, "--state", "wontfix").returncode == 0
 
     program.write_text('"""A docstring added above."""\n\n' + MOVABLE)
     done = cli("run", "--plain", "mv.yaml")

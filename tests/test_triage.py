@@ -146,85 +146,77 @@ def test_rebuild_index_and_recovery_after_a_crash_mid_swap(tmp_path: Path):
     assert db.delete(sig) and db.fetch(sig) is None
 
 
-# -- triage in MLflow: per bug, not per run ------------------------------------------------------------
-SIG_A, SIG_B = "a" * 16, "b" * 16
-
-
-def _occurrence(tracker, key: str, signature: str) -> None:
-    tracker.start_site(key, f"t:log@{key}", {"site.id": key, "status": "found", "site.op": "log",
-                                            "site.target": "t", "site.location": "t.py:1", "hazard": "log"})
-    tracker.set_tags(key, {"signature": signature})
-    tracker.note_bug(signature, f"t log t.py:{key}", {"site.target": "t", "site.op": "log",
-                                                      "site.location": "t.py:1", "hazard": "log"}, key)
-    tracker.end(key, "FINISHED")
+# -- triage: per bug, not per run; the bug database holds it, MLflow mirrors it ----------------------------
+def _campaign_run(output: Path, run: str, campaign: str) -> None:
+    (output / run).mkdir(parents=True, exist_ok=True)
+    (output / run / "summary.json").write_text(json.dumps({"campaign": {"name": campaign}}))
 
 
 @pytest.mark.mlflow
 def test_triage_sets_the_state_of_a_bug_once_for_every_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.observers.tracking import Tracker
+    from orchestrator.observers.bug_registry import BUG_EXPERIMENT, find_bug_run
     from orchestrator.observers.tracking_sender import default_sqlite_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
     uri = default_sqlite_uri(tmp_path)
-    ids = {}
-    for campaign, sites in (("camp-a", {"a1": SIG_A, "b1": SIG_B}), ("camp-b", {"a2": SIG_A})):
-        tracker = Tracker(uri, campaign, tmp_path)
-        tracker.start_campaign("campaign", f"{campaign}-run", {}, {})
-        for key, sig in sites.items():
-            _occurrence(tracker, key, sig)
-        assert tracker.flush(60)
-        ids.update({key: tracker.run_id(key) for key in sites})
-        assert tracker.close(timeout=60, status="FINISHED")
+    out = tmp_path / "runs"
+    runs = {"camp-a-1": ("camp-a", [("a", 0), ("b", 1)]), "camp-b-1": ("camp-b", [("a", 2)])}
+    folders = {}
+    for run, (campaign, bugs_of_run) in runs.items():
+        _campaign_run(out, run, campaign)
+        for which, n in bugs_of_run:
+            folders[(run, which)] = _finding(out, run, n, rows=1, l2=1.0,
+                                             location="m.py:3" if which == "a" else "m.py:9")
+            record_finding(out, folders[(run, which)], campaign)
     cli = CliRunner()
     client = MlflowClient(tracking_uri=uri)
 
     def bugs(*args: str) -> dict[str, dict]:
-        out = cli.invoke(app, ["bugs", "--json", "--tracking-uri", uri, *args])
-        assert out.exit_code == 0, out.output
-        return {r["signature"]: r for r in json.loads(out.output)}
+        res = cli.invoke(app, ["bugs", "--json", *args])          # found from the current directory: runs/
+        assert res.exit_code == 0, res.output
+        return {r["op"] + "@" + r["location"]: r for r in json.loads(res.output)}
 
     listed = bugs()
-    assert set(listed) == {SIG_A, SIG_B}                      # bugs, not runs: 3 occurrences, 2 bugs
-    a = listed[SIG_A]
-    assert a["occurrences"] == 2 and a["campaigns"] == ["camp-a", "camp-b"] and a["targets"] == ["t"]
-    assert a["triage"] == "new" and a["first_seen"] <= a["last_seen"] and sorted(a["runs"]) == sorted([ids["a1"], ids["a2"]])
-    assert set(bugs("--campaign", "camp-b")) == {SIG_A}
+    assert set(listed) == {"log@m.py:3", "log@m.py:9"}                      # bugs, not runs: 3 findings, 2 bugs
+    a, b = listed["log@m.py:3"], listed["log@m.py:9"]
+    assert a["occurrences"] == 2 and a["runs"] == 2 and a["campaigns"] == ["camp-a", "camp-b"] and a["targets"] == ["t"]
+    assert a["triage"] == "new" and a["first_seen"] <= a["last_seen"] and a["phase"] == "forward"
+    assert set(bugs("--campaign", "camp-b")) == {"log@m.py:3"}
+    assert set(bugs("--output", str(out))) == set(listed)
 
-    res = cli.invoke(app, ["triage", SIG_A, "--state", "confirmed", "--note", "real", "--tracking-uri", uri])
+    res = cli.invoke(app, ["triage", a["signature"], "--state", "confirmed", "--note", "real", "--tracking-uri", uri])
     assert res.exit_code == 0, res.output
-    assert "2 occurrence run(s)" in res.output
-    assert set(bugs("--state", "confirmed")) == {SIG_A} and set(bugs("--state", "new")) == {SIG_B}
-    for key in ("a1", "a2"):                                  # the copy on each occurrence follows the bug
-        assert client.get_run(ids[key]).data.tags["triage"] == "confirmed"
-    bug_run = client.get_run(bugs()[SIG_A]["bug_run_id"])
-    assert bug_run.data.tags["triage"] == "confirmed" and bug_run.data.tags["triage.note"] == "real"
+    assert "2 occurrence(s)" in res.output and "mirrored in MLflow" in res.output
+    assert set(bugs("--state", "confirmed")) == {"log@m.py:3"} and set(bugs("--state", "new")) == {"log@m.py:9"}
+    mirror = find_bug_run(client, client.get_experiment_by_name(BUG_EXPERIMENT).experiment_id, a["signature"])
+    assert mirror.data.tags["triage"] == "confirmed" and mirror.data.tags["triage.note"] == "real"
+    assert BugDatabase(out).fetch(a["signature"])["triage"]["state"] == "confirmed"     # the one home
 
-    # by finding folder (its signature) and by an occurrence's run id
-    folder = tmp_path / "run" / "findings" / "t-log-b1"
-    folder.mkdir(parents=True)
-    (folder / "finding.json").write_text(json.dumps({"site": {"id": "b1"}, "signature": SIG_B, "target": {}}))
-    res = cli.invoke(app, ["triage", str(folder), "--state", "fixed", "--tracking-uri", uri])
+    # by finding folder (its signature); without a tracking store the state is set all the same
+    res = cli.invoke(app, ["triage", str(folders[("camp-a-1", "b")]), "--state", "fixed"])
     assert res.exit_code == 0, res.output
-    assert bugs()[SIG_B]["triage"] == "fixed"
-    res = cli.invoke(app, ["triage", ids["a2"], "--state", "wontfix", "--tracking-uri", uri])
-    assert res.exit_code == 0 and bugs()[SIG_A]["triage"] == "wontfix"
+    assert bugs()["log@m.py:9"]["triage"] == "fixed"
 
-    # a fixed bug that occurs again is reopened as regressed, on the bug and on every occurrence
-    tracker = Tracker(uri, "camp-c", tmp_path)
-    tracker.start_campaign("campaign", "camp-c-run", {}, {})
-    _occurrence(tracker, "b2", SIG_B)
-    assert tracker.close(timeout=60, status="FINISHED")
-    again = bugs()[SIG_B]
-    assert again["triage"] == "regressed" and again["occurrences"] == 2
-    assert {client.get_run(r).data.tags["triage"] for r in again["runs"]} == {"regressed"}
+    # a fixed bug that occurs again is reopened as regressed
+    _campaign_run(out, "camp-c-1", "camp-c")
+    record_finding(out, _finding(out, "camp-c-1", 3, rows=1, l2=1.0, location="m.py:9"), "camp-c")
+    again = bugs()["log@m.py:9"]
+    assert again["triage"] == "regressed" and again["occurrences"] == 2 and "occurred again" in again["note"]
 
-    res = cli.invoke(app, ["triage", SIG_B, "--state", "not-reproduced", "--tracking-uri", uri])
-    assert res.exit_code == 0 and bugs()[SIG_B]["triage"] == "not reproduced"
-    bad = cli.invoke(app, ["triage", SIG_A, "--state", "maybe", "--tracking-uri", uri])
+    res = cli.invoke(app, ["triage", b["signature"], "--state", "not-reproduced"])
+    assert res.exit_code == 0 and bugs()["log@m.py:9"]["triage"] == "not reproduced"
+    bad = cli.invoke(app, ["triage", a["signature"], "--state", "maybe"])
     assert bad.exit_code == 2 and "maybe" in bad.output
-    missing = cli.invoke(app, ["triage", "c" * 16, "--state", "fixed", "--tracking-uri", uri])
+    missing = cli.invoke(app, ["triage", "c" * 16, "--state", "fixed"])
     assert missing.exit_code == 2 and "no bug" in missing.output
-    nothing = cli.invoke(app, ["triage", "0" * 32, "--state", "fixed", "--tracking-uri", uri])
+    nothing = cli.invoke(app, ["triage", "0" * 32, "--state", "fixed"])
     assert nothing.exit_code == 2
+
+
+def test_bugs_without_runs_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["bugs"])
+    assert res.exit_code == 2 and "--output" in res.output

@@ -66,20 +66,20 @@ def box_lines(rows: list[dict]) -> list[str]:
 
 
 def print_table(rows: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    """The sites, one line each (cut to the terminal's width on a terminal, whole when piped), then the
+    box of every searched input."""
+    from orchestrator.commands.table import render, terminal_width
 
-    table = Table(title=f"{sum(r['searched'] for r in rows)} suspect op sites "
-                        f"({sum(not r['searched'] for r in rows)} stable ops recorded, not searched)")
-    for col in ("target", "op", "kind", "hazard", "location", "occ", "id", "searched"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(r["target"], r["op"], r["kind"], r["hazard"], position_of(r), str(r["occurrence"]),
-                      r["id"], "yes" if r["searched"] else "no (stable)")
-    console = Console()
-    console.print(table)
+    print(f"{sum(r['searched'] for r in rows)} suspect op sites "
+          f"({sum(not r['searched'] for r in rows)} stable ops recorded, not searched)")
+    header = ["target", "op", "where", "occ", "id", "searched", "hazard"]
+    table = [[r["target"], r["op"], position_of(r), r["occurrence"], r["id"],
+              "yes" if r["searched"] else "no", r["hazard"]] for r in rows]
+    for line in render(header, table, terminal_width(), [("hazard", 12, False), ("where", 20, True),
+                                                         ("target", 8, False)]):
+        print(line)
     lines = box_lines(rows)
     if lines:
-        console.print("searched inputs (the box each search stays in):")
+        print("searched inputs (the box each search stays in):")
         for line in lines:
-            console.print("  " + line, highlight=False, markup=False)
+            print("  " + line)

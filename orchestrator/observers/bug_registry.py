@@ -1,18 +1,18 @@
-"""Bugs in MLflow: one place per bug that holds its triage state, and a tag on each occurrence's run.
+"""Bugs in MLflow: a mirror of the bug database (:mod:`fuzz_core.dedupe`, ``<output>/bugs/``), which
+holds each bug's triage state; MLflow shows it, it never decides it.
 
 Layout (in the tracking store every campaign writes to):
 
 - the experiment ``cdeepfuzz-bugs`` holds **one run per bug** (per signature), named
-  ``<target> <op> <location>``, with tags ``signature``, ``triage`` (the bug's state, the only
-  authoritative copy), ``triage.note``, ``site.target``, ``site.op``, ``site.location``, ``hazard``
-  and ``reproducer`` (the smallest reproducer's folder). ``cdeepfuzz triage`` and the reuse
-  phase change it there.
-- each **occurrence** (a site run with ``status`` found or flaky, in its campaign's experiment)
-  carries ``signature``, ``bug.run_id`` (the bug's run) and ``triage``: a copy of the bug's state
-  for filtering in the campaign's own view, rewritten on every change of the state.
+  ``<op> <path:line:col>``, with tags ``signature``, ``triage`` and ``triage.note`` (copied from the
+  bug database), ``bug.op``, ``bug.position``, ``bug.phase``, ``hazard``, ``targets`` and
+  ``reproducer`` (the smallest reproducer's folder);
+- the **site run** a bug is at (the op site of its call, when the campaign searched one and has a run
+  per site) carries ``signature``, ``bug.run_id`` (the bug's run) and ``triage``: a copy of the bug's
+  state for filtering in the campaign's own view, rewritten on every change of the state.
 
-``cdeepfuzz bugs`` reads both: the states from the bug runs, and first seen, last seen,
-occurrences, campaigns and targets from the occurrence runs.
+``cdeepfuzz bugs`` and ``cdeepfuzz triage`` read and write the bug database; ``triage`` and the reuse
+phase then mirror the new state here.
 
 Triage states: ``new``, ``confirmed``, ``duplicate``, ``wontfix``, ``fixed``, ``regressed`` (a fixed
 bug that triggered again), ``not reproduced`` (a bug whose reproducer no longer triggers).
@@ -21,56 +21,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from enum import Enum
 from typing import Any
+
+from fuzz_core.dedupe import TriageState
 
 log = logging.getLogger(__name__)
 
 BUG_EXPERIMENT = "cdeepfuzz-bugs"
 PARENT_TAG = "mlflow.parentRunId"
 MAX_TAG = 8000
-
-
-class TriageState(str, Enum):
-    NEW = "new"
-    CONFIRMED = "confirmed"
-    DUPLICATE = "duplicate"
-    WONTFIX = "wontfix"
-    FIXED = "fixed"
-    REGRESSED = "regressed"
-    NOT_REPRODUCED = "not reproduced"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-STATES = tuple(s.value for s in TriageState)
-
-
-def parse_state(text: str) -> TriageState | None:
-    """A state from what a person types (``not-reproduced``, ``Not_Reproduced`` ...); None if unknown."""
-    key = str(text).strip().lower().replace("-", " ").replace("_", " ")
-    return next((s for s in TriageState if s.value == key), None)
-
-
-def after_occurrence(state: str) -> str:
-    """A bug's state once it occurred again: a fixed bug regressed; one not reproduced is new again."""
-    if state == TriageState.FIXED.value:
-        return TriageState.REGRESSED.value
-    if state == TriageState.NOT_REPRODUCED.value:
-        return TriageState.NEW.value
-    return state
-
-
-def after_replay(state: str, reproduced: bool | None) -> str:
-    """A bug's state after the reuse phase replayed its reproducer (None: it could not be replayed)."""
-    if reproduced is None:
-        return state
-    if reproduced:
-        return after_occurrence(state)
-    if state in (TriageState.NEW.value, TriageState.CONFIRMED.value, TriageState.REGRESSED.value):
-        return TriageState.NOT_REPRODUCED.value
-    return state
 
 
 def _pages(fetch: Callable[[str | None], Any]) -> Iterator[Any]:
@@ -118,26 +77,21 @@ def occurrences(client, signature: str | None = None) -> list:
 
 def note_occurrence(client, experiment_id: Callable[[str], str], signature: str, name: str,
                     tags: dict[str, str], occurrence_run_id: str | None) -> str:
-    """Record an occurrence: create the bug's run if new (``triage`` ``new``), reopen a fixed bug as
-    regressed, refresh its tags, and link the occurrence's run to it. Returns the bug's run id."""
+    """Mirror an occurrence: create the bug's run if new, set its tags (``triage``: the bug database's
+    state), and link the run of the site the bug is at, when it has one. Returns the bug's run id."""
     from mlflow.entities import RunTag
 
     eid = experiment_id(BUG_EXPERIMENT)
     run = find_bug_run(client, eid, signature)
+    state = tags.get("triage") or TriageState.NEW.value
     changed = False
     if run is None:
-        run = client.create_run(eid, tags={**tags, "signature": signature, "triage": TriageState.NEW.value},
-                                run_name=name)
+        run = client.create_run(eid, tags={**tags, "signature": signature, "triage": state}, run_name=name)
         client.set_terminated(run.info.run_id, "FINISHED")
-        state = TriageState.NEW.value
     else:
-        before = run.data.tags.get("triage", TriageState.NEW.value)
-        state = after_occurrence(before)
-        updates = {**tags, "triage": state}
-        changed = state != before
-        if changed:
-            updates["triage.note"] = f"{before} -> {state}: it occurred again"
-        client.log_batch(run.info.run_id, tags=[RunTag(k, str(v)[:MAX_TAG]) for k, v in updates.items()])
+        changed = run.data.tags.get("triage") != state
+        client.log_batch(run.info.run_id, tags=[RunTag(k, str(v)[:MAX_TAG]) for k, v in
+                                                {**tags, "triage": state}.items()])
     if occurrence_run_id:
         client.log_batch(occurrence_run_id, tags=[RunTag("bug.run_id", run.info.run_id), RunTag("triage", state),
                                                   RunTag("signature", signature)])
@@ -175,66 +129,3 @@ def _mirror(client, signature: str, state: str) -> None:
             client.log_batch(run.info.run_id, tags=[RunTag("triage", state)])
 
 
-def states(client) -> dict[str, dict[str, Any]]:
-    """Every bug's run: signature -> its tags and run id (the oldest run per signature)."""
-    eid = bug_experiment(client)
-    if eid is None:
-        return {}
-    out: dict[str, dict[str, Any]] = {}
-    runs = _pages(lambda t: client.search_runs([eid], "", order_by=["attributes.start_time ASC"],
-                                               max_results=1000, page_token=t))
-    for run in runs:
-        sig = run.data.tags.get("signature")
-        if sig and sig not in out:
-            out[sig] = {**run.data.tags, "bug_run_id": run.info.run_id}
-    return out
-
-
-def list_bugs(client, campaign: str | None = None, state: str | None = None) -> list[dict[str, Any]]:
-    """One row per signature: its state, first and last seen, occurrences, campaigns, targets, reproducer."""
-    names = {e.experiment_id: e.name
-             for e in _pages(lambda t: client.search_experiments(max_results=1000, page_token=t))}
-    known = states(client)
-    rows: dict[str, dict[str, Any]] = {}
-    for run in occurrences(client):
-        tags = run.data.tags
-        sig = tags["signature"]
-        row = rows.setdefault(sig, {"signature": sig, "target": tags.get("site.target"), "op": tags.get("site.op"),
-                                    "location": tags.get("site.location"), "hazard": tags.get("hazard"),
-                                    "first_seen": run.info.start_time, "last_seen": run.info.start_time,
-                                    "occurrences": 0, "campaigns": set(), "targets": set(), "site_ids": set(),
-                                    "runs": []})
-        row["occurrences"] += 1
-        row["first_seen"] = min(row["first_seen"], run.info.start_time)
-        row["last_seen"] = max(row["last_seen"], run.info.start_time)
-        row["campaigns"].add(names.get(run.info.experiment_id, run.info.experiment_id))
-        row["targets"].add(tags.get("site.target"))
-        row["site_ids"].add(tags.get("site.id"))
-        row["runs"].append(run.info.run_id)
-    for sig, bug in known.items():
-        row = rows.setdefault(sig, {"signature": sig, "target": bug.get("site.target"), "op": bug.get("site.op"),
-                                    "location": bug.get("site.location"), "hazard": bug.get("hazard"),
-                                    "first_seen": None, "last_seen": None, "occurrences": 0, "campaigns": set(),
-                                    "targets": {bug.get("site.target")}, "site_ids": set(), "runs": []})
-    out = []
-    for sig, row in rows.items():
-        bug = known.get(sig, {})
-        row.update(triage=bug.get("triage", TriageState.NEW.value), note=bug.get("triage.note"),
-                   reproducer=bug.get("reproducer"), bug_run_id=bug.get("bug_run_id"),
-                   first_seen=_iso(row["first_seen"]), last_seen=_iso(row["last_seen"]),
-                   campaigns=sorted(c for c in row["campaigns"] if c), targets=sorted(t for t in row["targets"] if t),
-                   site_ids=sorted(s for s in row["site_ids"] if s))
-        if campaign is not None and campaign not in row["campaigns"]:
-            continue
-        if state is not None and row["triage"] != state:
-            continue
-        out.append(row)
-    return sorted(out, key=lambda r: (r["last_seen"] or "", r["signature"]), reverse=True)
-
-
-def _iso(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    from datetime import datetime, timezone
-
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="seconds")

@@ -1,5 +1,5 @@
 """The bug store observer: each finding joins its bug in ``<output>/bugs/<signature>/``
-(:mod:`fuzz_core.dedupe`: every occurrence, and the smallest reproducer)."""
+(:mod:`fuzz_core.dedupe`: every occurrence, the smallest reproducer and the bug's triage state)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +14,9 @@ def reproducer_folder(root: Path | str, signature: str) -> Path:
 
 
 class BugStoreObserver(Observer):
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, campaign: str = "") -> None:
         self.root = Path(root)
+        self.campaign = campaign
 
     def finding(self, rec, finding, folder) -> None:
-        record_finding(self.root, folder)
+        record_finding(self.root, folder, self.campaign)

@@ -1,21 +1,20 @@
 """The reuse phase (Hypothesis replays its example database before generating anything new): a
 campaign first replays every known bug of its targets on the targets as they are now.
 
-Known bugs are those of the output folder's bug store (``<output>/bugs/<signature>/``, each with
-its smallest reproducer) and of the tracking store's bug registry
-(:mod:`orchestrator.observers.bug_registry`, which holds their triage states), for the targets
-this campaign runs (matched by name). Each reproducer is replayed where the target is built
-(the driver with ``--local``, an actor otherwise):
+Known bugs are those of the output folder's bug database (``<output>/bugs/<signature>/``, each with
+its smallest reproducer and its triage state: :mod:`fuzz_core.dedupe`) whose reproducer's target
+this campaign runs (matched by name). Each reproducer is replayed where the target is built (the
+driver with ``--local``, an actor otherwise):
 
 - a ``fixed`` bug that triggers again becomes ``regressed``, and the terminal says so loudly;
 - a ``new``, ``confirmed`` or ``regressed`` bug that no longer triggers becomes ``not reproduced``
   (never silently dropped);
 - a ``not reproduced`` bug that triggers again is ``new`` again; other states stay as they are;
-- a bug whose reproducer cannot be found, or whose target cannot be built, keeps its state and
+- a bug whose reproducer cannot be read, or whose target cannot be built, keeps its state and
   says why.
 
-Every outcome is kept in the run-state store (``known_bugs``), in ``summary.json`` and, with
-tracking, as the bug's new state in MLflow.
+Every outcome is kept in the run-state store (``known_bugs``) and in ``summary.json``; a new state
+goes into the bug database, and, with tracking, MLflow mirrors it.
 """
 from __future__ import annotations
 
@@ -25,60 +24,42 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from fuzz_core.dedupe import BugDatabase
+from fuzz_core.dedupe import BugDatabase, after_replay, triage_state
 from fuzz_core.findings import FindingError, load_finding
-from orchestrator.observers.bug_registry import after_replay
-from orchestrator.observers.bugstore import reproducer_folder
 from orchestrator.run.replays import KnownBug
 
 log = logging.getLogger(__name__)
 
 
-def registry_states(uri: str | None) -> dict[str, dict[str, Any]]:
-    """The bug registry's runs (signature -> tags), or {} without tracking or when it cannot be read."""
-    if not uri:
-        return {}
-    try:
-        from orchestrator.observers.bug_registry import states
-        from orchestrator.observers.tracking_sender import _make_client
-
-        return states(_make_client(uri))
-    except Exception as exc:  # noqa: BLE001 - the campaign goes on without the states
-        log.warning("known bugs: cannot read the bug registry in %s: %s", uri, exc)
-        return {}
-
-
-def known_bugs(ctl, root: Path, uri: str | None) -> tuple[list[KnownBug], list[dict[str, Any]]]:
+def known_bugs(ctl, root: Path) -> tuple[list[KnownBug], list[dict[str, Any]]]:
     """The known bugs of the campaign's targets that can be replayed, and a record for each of them
     (those that cannot be replayed say why)."""
     names = set(ctl.specs)
-    registry = registry_states(uri)
-    local = {b["signature"]: b for b in BugDatabase(root).bugs()}
-    signatures = [s for s, b in local.items() if (b.get("target") or b.get("bug", {}).get("target")) in names]
-    signatures += [s for s, b in registry.items() if b.get("site.target") in names and s not in local]
     bugs, records = [], []
-    for sig in signatures:
-        tags = registry.get(sig, {})
-        info = local.get(sig, {})
-        target = info.get("target") or tags.get("site.target")
-        record = {"signature": sig, "target": target, "op": info.get("op") or tags.get("site.op"),
-                  "location": info.get("location") or tags.get("site.location"),
-                  "hazard": info.get("hazard") or tags.get("hazard"),
-                  "label": f"{target} {info.get('op') or tags.get('site.op')} "
-                           f"{info.get('location') or tags.get('site.location')}",
-                  "state_before": tags.get("triage", "new"), "state": tags.get("triage", "new"),
-                  "replayed": False, "reproduced": None, "first_op": None, "message": None,
-                  "reproducer": None}
-        records.append(record)
-        folder = _reproducer(root, sig, tags.get("reproducer"))
-        if folder is None:
-            record["message"] = "no reproducer to replay (not in this output's bug store)"
+    for info in BugDatabase(root).bugs():
+        sig = info["signature"]
+        best_target = (info.get("best") or {}).get("target")
+        target = best_target if best_target in names else next((t for t in info.get("targets") or [] if t in names),
+                                                               None)
+        if target is None:
             continue
+        state = triage_state(info)
+        record = {"signature": sig, "target": target, "op": info.get("op"), "location": info.get("location"),
+                  "position": info.get("position"), "phase": info.get("phase"), "hazard": info.get("hazard"),
+                  "label": f"{info.get('op')} ({info.get('phase') or 'forward'}) at {info.get('position')}",
+                  "state_before": state, "state": state, "replayed": False, "reproduced": None, "first_op": None,
+                  "message": None, "reproducer": None}
+        records.append(record)
+        folder = Path(info["reproducer"])
         record["reproducer"] = str(folder)
         try:
             loaded = load_finding(folder)
         except FindingError as exc:
             record["message"] = f"the reproducer cannot be read: {exc}"
+            continue
+        made_by = (loaded.report.get("target") or {}).get("name")
+        if made_by != target:
+            record["message"] = f"its reproducer is of target {made_by!r}, which this campaign does not run"
             continue
         spec = ctl.specs[target]
         seed = int((loaded.report.get("target") or {}).get("seed", spec.seed))
@@ -87,16 +68,9 @@ def known_bugs(ctl, root: Path, uri: str | None) -> tuple[list[KnownBug], list[d
     return bugs, records
 
 
-def _reproducer(root: Path, signature: str, tagged: str | None) -> Path | None:
-    for folder in (reproducer_folder(root, signature), Path(tagged) if tagged else None):
-        if folder is not None and (folder / "finding.json").is_file():
-            return folder
-    return None
-
-
-def replay_known_bugs(ctl, root: Path, uri: str | None) -> list[dict[str, Any]]:
+def replay_known_bugs(ctl, root: Path) -> list[dict[str, Any]]:
     """Replay the known bugs of ``ctl``'s targets on its executor; record and report each outcome."""
-    bugs, records = known_bugs(ctl, root, uri)
+    bugs, records = known_bugs(ctl, root)
     if not records:
         return []
     ctl.observers.message(f"cdeepfuzz: replaying {len(bugs)} known bug(s) of these targets first")
@@ -120,6 +94,10 @@ def replay_known_bugs(ctl, root: Path, uri: str | None) -> list[dict[str, Any]]:
                     record["message"] = "; ".join([*filter(None, [record["message"]]),
                                                    "reproduced where its line of code sits now", *outcome.moves])
             ctl.store.put_known_bug(record["signature"], order, record)
+    db = BugDatabase(root)
+    for record in records:
+        if record["state"] != record["state_before"]:
+            db.set_triage(record["signature"], record["state"], record.get("message"))
     for record in records:
         ctl.observers.known_bug(record)
     return records
