@@ -78,7 +78,7 @@ def test_a_run_writes_junit_xml_and_sarif_that_name_the_finding_and_the_broken_t
     buggy = cases[f"buggy:log@{FAULTS}:{line}:{col}#0"]                 # file:line:col in the test's name
     assert _outcome(buggy) == "failure"
     failure = buggy.find("failure")
-    assert failure.get("message").startswith(f"log at {FAULTS}:{line}:{col} went non-finite in the forward pass")
+    assert failure.get("message").startswith(f"log (forward) at {FAULTS}:{line}:{col}: log of x <= 0")
     assert "cdeepfuzz replay" in failure.text and "test_reproducer.py" in failure.text
     assert buggy.get("file") == FAULTS and buggy.get("line") == str(line)
     assert _outcome(cases[f"guarded:log@{FAULTS}:{line}:{col}#0"]) == "passed"          # searched, nothing found
@@ -91,13 +91,15 @@ def test_a_run_writes_junit_xml_and_sarif_that_name_the_finding_and_the_broken_t
     log = json.loads(sarif.read_text())
     _sarif_validator().validate(log)
     results = log["runs"][0]["results"]
-    ours = [r for r in results if r["properties"]["target"] == "buggy" and r["ruleId"] == "log"]
-    assert len(ours) == 1 and all(r["properties"]["target"] == "buggy" for r in results)
+    ours = [r for r in results if r["properties"]["targets"] == ["buggy"] and r["ruleId"] == "log"]
+    assert len(ours) == 1 and all(r["properties"]["targets"] == ["buggy"] for r in results)
+    assert len(results) == json.loads((next((tmp_path / "runs").glob("export-*")) / "summary.json").read_text()
+                                      )["totals"]["bugs"]            # one result per bug, not per finding
     where = ours[0]["locations"][0]["physicalLocation"]
     assert where["artifactLocation"]["uri"] == FAULTS and where["region"]["startLine"] == line
     assert where["region"]["startColumn"] == col
     assert "log of x <= 0" in ours[0]["message"]["text"]
-    assert ours[0]["partialFingerprints"]["cdeepfuzzSignature/v1"]
+    assert ours[0]["partialFingerprints"]["cdeepfuzzSignature/v2"]
     rules = log["runs"][0]["tool"]["driver"]["rules"]
     assert rules[ours[0]["ruleIndex"]]["id"] == "log"
     notes = log["runs"][0]["invocations"][0]["toolExecutionNotifications"]
@@ -116,6 +118,7 @@ def _site(id_: str, status: str, exit_reason: str, location: str = "pkg/model.py
             "finding": None, "error": None, "traceback": None, **extra}
 
 
+SIG_A, SIG_B = "a" * 16, "b" * 16
 SUMMARY = {
     "campaign": {"name": "synthetic"},
     "run": {"state": "stopped", "exit_code": 4},
@@ -125,9 +128,19 @@ SUMMARY = {
         {"name": "bad", "status": "error", "exit_reason": "target_error", "sites": 0,
          "error": "ValueError: no weights\nsecond line", "traceback": "Traceback ...\nValueError: no weights"},
     ],
+    "bugs": [
+        {"signature": SIG_A, "op": "log", "kind": "log", "location": "pkg/model.py:12", "column": None,
+         "position": "pkg/model.py:12", "hazard": "log of x <= 0 (-inf at 0, NaN below)", "phase": "forward",
+         "targets": ["net"], "sites": ["a1"], "reproducer": "findings/a1", "flaky": False, "precision_only": None,
+         "occurrences": [{"folder": "findings/a1"}, {"folder": "findings/a1b"}]},
+        {"signature": SIG_B, "op": "sqrt_grad", "kind": "sqrt", "location": "pkg/loss.py:7", "column": 21,
+         "position": "pkg/loss.py:7:21", "phase": "backward",
+         "hazard": "backward: sqrt at 0 has an infinite gradient", "targets": ["net"], "sites": [],
+         "reproducer": "findings/b2", "flaky": True, "precision_only": None, "occurrences": [{"folder": "findings/b2"}]},
+    ],
     "sites": [
         _site("a1", "found", "triggered", finding="findings/a1"),
-        _site("b2", "flaky", "triggered_flaky", location="pkg/model.py:14:9", finding="findings/b2"),
+        _site("b2", "retired", "blocked", location="pkg/model.py:14:9", passed=["findings/b2"]),
         _site("c3", "error", "target_error", error="RuntimeError: shapes", traceback="Traceback ..."),
         _site("d4", "timeout", "quantum_timeout"),
         _site("e5", "stopped", "time_limit"),
@@ -137,40 +150,45 @@ SUMMARY = {
         _site("h8", "retired", "no_progress"),
     ],
 }
-FINDINGS = {
-    "a1": {"signature": "aaaa", "phase": "forward", "site_triggered": True, "notes": ["x[0, 1] = 41.7, sampled data "
-                                                                                       "lies in [0, 16]"],
-           "first_op": {"op": "log", "kind": "log", "location": "pkg/model.py:12", "occurrence": 0}},
-    "b2": {"signature": "bbbb", "phase": "backward", "site_triggered": False,
-           "first_op": {"op": "sqrt", "kind": "sqrt", "location": "pkg/loss.py:7:21", "occurrence": 1}},
+REPORTS = {
+    SIG_A: {"signature": SIG_A, "phase": "forward", "site_triggered": True, "notes": ["x[0, 1] = 41.7, sampled data "
+                                                                                      "lies in [0, 16]"],
+            "first_op": {"op": "log", "kind": "log", "location": "pkg/model.py:12", "occurrence": 0}},
+    SIG_B: {"signature": SIG_B, "phase": "backward", "site_triggered": False,
+            "first_op": {"op": "sqrt", "kind": "sqrt", "location": "pkg/loss.py:7:21", "occurrence": 1}},
 }
 
 
-def test_junit_xml_maps_each_site_status_to_failure_error_skipped_or_pass():
-    root = ET.fromstring(junit_xml(SUMMARY, FINDINGS, "runs/r"))
+def test_junit_xml_has_one_failure_per_bug_at_its_site_or_of_its_own():
+    root = ET.fromstring(junit_xml(SUMMARY, REPORTS, "runs/r"))
     cases = {case.find("properties/property[@name='cdeepfuzz.id']").get("value") if case.find("properties") is not None
              else case.get("name"): case for case in root.iter("testcase")}
-    expected = {"a1": "failure", "b2": "failure", "c3": "error", "d4": "error", "e5": "skipped", "f6": "skipped",
-                "g7": "passed", "h8": "passed", "bad (build)": "error", "net:_log_softmax@pkg/model.py:30": "skipped"}
+    loose = "net:sqrt_grad@pkg/loss.py:7:21 (bug)"          # a bug at no searched site: a test case of its own
+    expected = {"a1": "failure", "b2": "passed", "c3": "error", "d4": "error", "e5": "skipped", "f6": "skipped",
+                "g7": "passed", "h8": "passed", "bad (build)": "error", "net:_log_softmax@pkg/model.py:30": "skipped",
+                loose: "failure"}
     assert {k: _outcome(v) for k, v in cases.items()} == expected
     assert "runs/r/findings/a1/test_reproducer.py" in cases["a1"].find("failure").text
     assert "sampled data lies in [0, 16]" in cases["a1"].find("failure").text
-    assert cases["b2"].find("failure").get("message") == ("sqrt at pkg/loss.py:7:21 (call #1 on that line) went "
-                                                          "non-finite in the backward pass (flaky: not every replay "
-                                                          "reproduced it)")
+    assert "occurrences: 2 in this run" in cases["a1"].find("failure").text
+    assert cases[loose].find("failure").get("message") == (
+        "sqrt_grad (backward) at pkg/loss.py:7:21: backward: sqrt at 0 has an infinite gradient "
+        "[flaky: not every fresh replay reproduced it]")
+    assert cases[loose].get("file") == "pkg/loss.py" and cases[loose].get("line") == "7"
+    assert cases["b2"].find("system-out").text == "retired (blocked), closest suspect loss 0.1"
     assert cases["c3"].find("error").get("message") == "RuntimeError: shapes"
     assert cases["bad (build)"].find("error").get("message") == "ValueError: no weights"
-    assert "time_limit" in cases["e5"].find("skipped").get("message")
+    assert "time limit" in cases["e5"].find("skipped").get("message")
     assert "would trigger if x[0] reached 52" in cases["g7"].find("system-out").text
-    root = ET.fromstring(junit_xml(SUMMARY, FINDINGS))
+    root = ET.fromstring(junit_xml(SUMMARY, REPORTS))
     suites = {s.get("name"): s for s in root.iter("testsuite")}
     assert suites["synthetic.net"].get("failures") == "2" and suites["synthetic.net"].get("skipped") == "3"
-    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == ("10", "2", "3", "3")
+    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == ("11", "2", "3", "3")
 
 
-def test_sarif_has_one_result_per_finding_at_the_first_op_and_is_valid_sarif_2_1_0():
+def test_sarif_has_one_result_per_bug_at_its_op_and_is_valid_sarif_2_1_0():
     validator = _sarif_validator()
-    log = sarif_log(SUMMARY, FINDINGS, "runs/r")
+    log = sarif_log(SUMMARY, REPORTS, "runs/r")
     validator.validate(log)
     results = log["runs"][0]["results"]
     assert [r["ruleId"] for r in results] == ["log", "sqrt_grad"]       # found; flaky (the first op's bug)
@@ -179,8 +197,8 @@ def test_sarif_has_one_result_per_finding_at_the_first_op_and_is_valid_sarif_2_1
     assert own["locations"][0]["physicalLocation"]["region"] == {"startLine": 12}
     assert other["locations"][0]["physicalLocation"] == {
         "artifactLocation": {"uri": "pkg/loss.py", "uriBaseId": "%SRCROOT%"}, "region": {"startLine": 7, "startColumn": 21}}
-    assert other["relatedLocations"][0]["physicalLocation"]["region"] == {"startLine": 14, "startColumn": 9}
-    assert own["partialFingerprints"] == {"cdeepfuzzSignature/v1": "aaaa"}
+    assert own["partialFingerprints"] == {"cdeepfuzzSignature/v2": SIG_A}
+    assert own["properties"]["occurrences"] == 2 and own["properties"]["sites"] == ["a1"]
     assert "pytest runs/r/findings/a1/test_reproducer.py" in own["message"]["text"]
     rules = log["runs"][0]["tool"]["driver"]["rules"]
     assert [r["id"] for r in rules] == ["log", "sqrt_grad"] and [r["ruleIndex"] for r in results] == [0, 1]
@@ -190,7 +208,7 @@ def test_sarif_has_one_result_per_finding_at_the_first_op_and_is_valid_sarif_2_1
     del broken["runs"][0]["results"][0]["message"]
     with pytest.raises(jsonschema.ValidationError):
         validator.validate(broken)
-    assert not sarif_log({"sites": [], "targets": []}, {})["runs"][0]["results"]
+    assert not sarif_log({"sites": [], "targets": [], "bugs": []}, {})["runs"][0]["results"]
 
 
 def test_report_paths_in_a_missing_folder_are_a_usage_error(tmp_path: Path):

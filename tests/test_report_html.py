@@ -17,6 +17,7 @@ import pytest
 
 from benchmarks.report_size import Browser, find_browser, synthetic_run
 from orchestrator.commands.report import MAX_POINTS, SiteTrace, downsample, png, write_report
+from orchestrator.export import load_run as load_export
 from test_report import parse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,11 +44,13 @@ def test_the_index_shows_every_target_site_and_finding_with_links_that_resolve(s
     assert not re.search(r"<script[^>]+src=", index.read_text())
     for t in summary["targets"]:                                   # the clean target and the failed one too
         assert t["name"] in text
-    assert "no finding in" in text and "unexpected keyword argument 'hiden'" in text
+    assert "no bug in" in text and "unexpected keyword argument 'hiden'" in text
+    bugs = load_export(run_dir)[0]["bugs"]
     found = [s for s in summary["sites"] if s["finding"]]
-    assert found
+    assert found and len(bugs) < len(found)             # two occurrences of one call: one bug, one page
     for s in found:
-        assert f"findings/{Path(s['finding']).name}.html" in page.links
+        (bug,) = [b for b in bugs if s["id"] in b["sites"]]
+        assert f"findings/{Path(bug['reproducer']).name}.html" in page.links
     for link in page.links:
         target = link.split("#")[0]
         if target and not target.startswith(("http:", "https:")):
@@ -82,13 +85,14 @@ def test_the_embedded_loss_series_are_downsampled_and_keep_the_trigger(synthetic
 
 def test_a_finding_page_shows_source_op_values_image_replay_fix_and_mlflow(synthetic):
     run_dir, index, summary = synthetic
-    found = [s for s in summary["sites"] if s["finding"]]
+    sites = {s["id"]: s for s in summary["sites"]}
     images = 0
-    for s in found:
-        path = index.parent / "findings" / f"{Path(s['finding']).name}.html"
+    for bug in load_export(run_dir)[0]["bugs"]:
+        s = sites[bug["sites"][0]]
+        path = index.parent / "findings" / f"{Path(bug['reproducer']).name}.html"
         page = parse(path)
         text = "".join(page.text)
-        report = json.loads((run_dir / s["finding"] / "finding.json").read_text())
+        report = json.loads((run_dir / bug["reproducer"] / "finding.json").read_text())
         file, line = s["location"].rsplit(":", 1)
         source = (run_dir.parent.parent / file).read_text().splitlines()[int(line) - 1]
         assert source in text                                      # the source line, with its neighbours

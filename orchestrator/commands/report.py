@@ -4,16 +4,17 @@ Written into ``<run folder>/report/``, every link relative, nothing loaded from 
 (the chart script ships with the package, in ``orchestrator/report_assets``, and is inlined):
 
 - ``index.html``: the run (campaign, state, totals); every target, the clean ones too; the
-  findings, each linked to its own page; the scheduler's budget allocation over time
+  bugs (one per signature, as ``summary.json`` lists them), each linked to its own page; the scheduler's budget allocation over time
   (cumulative steps of the sites against the time their trace shards were written, and the
   grants of ``allocation.json`` when the run folder has one); the suspect loss of every site
   against its steps, found sites first, then the closest, drawn as each chart scrolls into view
   (zoom with the wheel or a dragged box, hover for the values, a log-scale switch); and the sites
-  table, with why a site ended where it did (``reach.message``).
-- ``findings/<finding>.html``, one per finding: the source line with its context, the op and its
-  first non-finite output, the minimised input as numbers (and as an image when it is
-  image-shaped), the replay and pytest commands, links to the finding's files, the fix verdict,
-  the bug it is an occurrence of, the MLflow run when there is one, and the site's loss curve.
+  table, with how each site stands (:func:`orchestrator.wording.site_outcome`).
+- ``findings/<finding>.html``, one per bug, from its smallest reproducer: the source line with its
+  context, the op and its first non-finite output, the minimised input as numbers (and as an image
+  when it is image-shaped), the replay and pytest commands, links to the finding's files, the fix
+  verdict, the bug's occurrences and triage state, the MLflow run when there is one, and the loss curve
+  of the site it is at (else of the site whose search found it).
 
 Loss traces are downsampled (minimum and maximum per bucket, events kept) to at most
 ``MAX_POINTS`` points per site and ``TOTAL_POINTS`` in all, so a 1,000-site report stays small.
@@ -42,8 +43,9 @@ import pyarrow.parquet as pq
 
 from fuzz_core.io import atomic_write_bytes, load_arrays, read_json
 from fuzz_core.sites import position_of
-from orchestrator.export import stepped_past
+from orchestrator.export import load_run as load_export
 from orchestrator.observers.summary import FILENAME as SUMMARY
+from orchestrator.wording import bug_words, site_outcome
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +83,8 @@ class RunData:
     summary: dict[str, Any]
     traces: dict[str, SiteTrace] = field(default_factory=dict)
     shards: list[tuple[float, str, int]] = field(default_factory=list)   # (written at, site id, last step)
-    findings: dict[str, dict[str, Any]] = field(default_factory=dict)   # site id -> finding.json
-    bugs: dict[str, dict[str, Any]] = field(default_factory=dict)       # signature -> bug record
+    findings: dict[str, dict[str, Any]] = field(default_factory=dict)   # signature -> its reproducer's finding.json
+    bugs: dict[str, dict[str, Any]] = field(default_factory=dict)       # signature -> the bug database's record
     allocation: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -119,15 +121,10 @@ def write_reports(path: Path, all_runs: bool = False) -> list[Path]:
 # -- reading a run -------------------------------------------------------------------------------
 def load_run(run_dir: Path) -> RunData:
     run_dir = Path(run_dir)
-    data = RunData(run_dir, read_json(run_dir / SUMMARY))
+    summary, data_findings = load_export(run_dir)
+    data = RunData(run_dir, summary, findings=data_findings)
     campaign = (data.summary.get("campaign") or {}).get("name", "")
     _read_traces(data, run_dir.parent, campaign, run_dir.name)
-    for site in data.summary.get("sites", []):
-        for key, entry in finding_entries(site):
-            try:
-                data.findings[key] = read_json(run_dir / entry["finding"] / "finding.json")
-            except (OSError, ValueError) as exc:
-                log.warning("report: cannot read the finding of %s: %s", site.get("label"), exc)
     from fuzz_core.dedupe import BugDatabase
 
     data.bugs = {b["signature"]: b for b in BugDatabase(run_dir.parent).bugs()}
@@ -345,15 +342,18 @@ def _fix_cell(fix: dict[str, Any] | None, short: bool = False) -> str:
     return out
 
 
-def _bug_cell(data: RunData, report: dict[str, Any], folder: str) -> str:
-    sig = report.get("signature", "")
-    bug = data.bugs.get(sig)
-    if bug is None:
-        return f"<code>{_e(sig)}</code>"
-    best = (bug.get("best") or {}).get("folder", "")
-    mine = bool(best and folder) and best.endswith(f"{data.run_dir.name}/{folder}")
-    return (f"<code>{_e(sig)}</code><br>{len(bug.get('occurrences', []))} occurrence(s); "
-            + ("this is the smallest reproducer" if mine else f"smallest: <code>{_e(best)}</code>"))
+def _bug_cell(data: RunData, bug: dict[str, Any]) -> str:
+    """The bug's signature, its triage state, its occurrences here and across the output's runs."""
+    sig = bug["signature"]
+    here = len(bug.get("occurrences") or [])
+    known = data.bugs.get(sig)
+    if known is None:
+        return f"<code>{_e(sig)}</code><br>{here} finding(s) in this run"
+    from fuzz_core.dedupe import triage_state
+
+    runs = len({o.get("run") for o in known.get("occurrences") or []})
+    return (f"<code>{_e(sig)}</code> <span class='badge'>{_e(triage_state(known))}</span><br>{here} finding(s) in "
+            f"this run; {len(known.get('occurrences') or [])} in {runs} run(s) of this output")
 
 
 def _first_op(first: dict[str, Any] | None, phase: str | None = None) -> str:
@@ -366,18 +366,17 @@ def _first_op(first: dict[str, Any] | None, phase: str | None = None) -> str:
 
 
 def _site_note(site: dict[str, Any]) -> str:
-    """Why a site ended where it did: its error, the out-of-reach probe's message, or what a
-    best loss of 0 without a finding means."""
+    """How a site stands beyond its status (:func:`site_outcome`): its error, who found the bug at it, how
+    close it came and what the search outside its bounds saw, and what a best loss of 0 without a bug
+    means."""
     if site.get("error"):
         return _e(_short(site["error"], 300))
-    notes = []
-    reach = site.get("reach") or {}
-    if reach.get("message"):
-        notes.append(_e(reach["message"]))
+    outcome = site_outcome(site)
+    notes = [outcome.split(", ", 1)[1]] if ", " in outcome else []
     if site.get("best_loss") == 0 and site.get("status") not in FOUND:
         notes.append("best loss 0: the search reached the edge of the op's domain, but no step's output there "
                      "went non-finite (the op may handle its edge finitely, or a guard holds)")
-    return "<br>".join(notes)
+    return "<br>".join(_e(n) for n in notes)
 
 
 def _status(site: dict[str, Any]) -> str:
@@ -394,7 +393,7 @@ def _mlflow(uri: Any, run_id: Any) -> str:
     if isinstance(uri, str) and uri.startswith(("http://", "https://")):
         url = f"{uri.rstrip('/')}/#/runs/{run_id}"
         return f"<a href='{_e(url)}'>{_e(run_id)}</a>"
-    how = f"mlflow ui --backend-store-uri {uri}" if uri else "mlflow ui"
+    how = "cdeepfuzz ui <this run's folder>"
     return (f"<code>{_e(run_id)}</code> <span class='small muted'>(a local store: run <code>{_e(how)}</code>, "
             f"then open <code>http://127.0.0.1:5000/#/runs/{_e(run_id)}</code>)</span>")
 
@@ -407,9 +406,9 @@ def _targets_table(data: RunData) -> str:
     rows = []
     for t in data.summary.get("targets", []):
         mine = by_target.get(str(t.get("name")), [])
-        found = sum(1 for s in mine if s.get("finding"))
-        verdict = (f"<span class='found'>{found} finding(s)</span>" if found else
-                   "" if t.get("status") == "error" else f"no finding in {len(mine)} site(s)")
+        found = sum(1 for b in data.summary.get("bugs", []) if t.get("name") in (b.get("targets") or []))
+        verdict = (f"<span class='found'>{found} bug(s)</span>" if found else
+                   "" if t.get("status") == "error" else f"no bug in {len(mine)} site(s)")
         rows.append(f"<tr><td><b>{_e(t.get('name'))}</b></td><td><code>{_e(t.get('entry'))}</code></td>"
                     f"<td>{_e(t.get('framework') or 'torch')}</td><td>{_status(t)}</td>"
                     f"<td class='num'>{_e(t.get('sites'))}</td><td>{verdict}</td>"
@@ -419,28 +418,26 @@ def _targets_table(data: RunData) -> str:
     return _table(["target", "entry", "framework", "status", "sites", "result", "error"], rows)
 
 
-def _findings_table(data: RunData, sites: list[dict[str, Any]], pages: dict[str, str]) -> str:
+def _bugs_table(data: RunData, pages: dict[str, str]) -> str:
     rows = []
-    for key, s in ((k, e) for site in sites for k, e in finding_entries(site)):
-        report = data.findings.get(key)
-        if report is None:
-            continue
+    for bug in data.summary.get("bugs", []):
+        report = data.findings.get(bug["signature"]) or {}
         mini = report.get("minimised") or {}
         size = f"{mini.get('original_batch_size', report.get('batch_size'))} → {report.get('batch_size')}"
-        href = pages.get(key)
-        label = s.get("label") if key == s["id"] else f"{s.get('label')} (stepped past)"
-        name = f"<a href='{_e(href)}'>{_e(label)}</a>" if href else _e(label)
+        href = pages.get(bug["signature"])
+        what = _e(bug_words(bug))
+        name = f"<a href='{_e(href)}'>{what}</a>" if href else what
+        curve = next(iter(bug.get("sites") or []), None) or (bug.get("occurrences") or [{}])[0].get("site")
         rows.append(
-            f"<tr><td class='label'>{name}</td><td>{_e(report.get('hazard'))}</td>"
+            f"<tr><td class='label'>{name}</td><td>{_e(', '.join(bug.get('targets') or []))}</td>"
             f"<td>{_first_op(report.get('first_op'), report.get('phase'))}</td>"
             f"<td class='num'>{_e(report.get('step'))}</td><td>{size}</td><td>{_distance(mini)}</td>"
-            f"<td>{_bug_cell(data, report, s.get('finding') or '')}</td>"
-            f"<td>{_fix_cell(report.get('fix'), short=True)}</td>"
-            f"<td><a href='#site-{_e(s['id'])}'>curve</a></td></tr>")
+            f"<td>{_bug_cell(data, bug)}</td><td>{_fix_cell(report.get('fix'), short=True)}</td>"
+            + (f"<td><a href='#site-{_e(curve)}'>curve</a></td>" if curve else "<td></td>") + "</tr>")
     if not rows:
-        return "<p>No finding.</p>"
-    return _table(["site (its page)", "hazard", "first non-finite op", "steps", "batch (original → minimised)",
-                   "distance to the original sample", "bug (dedupe)", "fix", "loss"], rows)
+        return "<p>No bug.</p>"
+    return _table(["bug (its page)", "targets", "first non-finite op", "steps", "batch (original → minimised)",
+                   "distance to the original sample", "signature, triage, findings", "fix", "loss"], rows)
 
 
 def _filter_text(site: dict[str, Any]) -> str:
@@ -453,7 +450,7 @@ def _site_cards(data: RunData, sites: list[dict[str, Any]], pages: dict[str, str
         trace = data.traces.get(s["id"])
         chart = (f"<div class='cdf-host' data-site='{_e(s['id'])}'></div>" if trace is not None and len(trace.steps)
                  else "<p class='muted'>no trace (never searched)</p>")
-        link = f" · <a href='{_e(pages[s['id']])}'>finding</a>" if s["id"] in pages else ""
+        link = f" · <a href='{_e(pages[s['id']])}'>bug</a>" if s["id"] in pages else ""
         note = _site_note(s)
         cards.append(f"<div class='card' id='site-{_e(s['id'])}' data-filter='{_filter_text(s)}' "
                      f"data-status='{_e(s.get('status'))}'><h3 class='label'>{_e(s.get('label'))}</h3>"
@@ -466,13 +463,13 @@ def _site_cards(data: RunData, sites: list[dict[str, Any]], pages: dict[str, str
 def _sites_table(sites: list[dict[str, Any]], pages: dict[str, str]) -> str:
     rows = []
     for s in sites:
-        finding = f"<a href='{_e(pages[s['id']])}'>page</a>" if s["id"] in pages else ""
+        finding = f"<a href='{_e(pages[s['id']])}'>bug</a>" if s["id"] in pages else ""
         rows.append(f"<tr data-filter='{_filter_text(s)}' data-status='{_e(s.get('status'))}'>"
                     f"<td class='label'><a href='#site-{_e(s['id'])}'>{_e(s.get('label'))}</a></td>"
                     f"<td>{_status(s)}</td><td>{_e(s.get('op'))}</td><td>{_e(s.get('hazard'))}</td>"
                     f"<td class='num'>{_e(s.get('steps'))}</td><td class='num'>{_fmt(s.get('seconds'))}</td>"
                     f"<td class='num'>{_fmt(s.get('best_loss'))}</td><td>{finding}</td><td>{_site_note(s)}</td></tr>")
-    return _table(["site", "status", "op", "hazard", "steps", "seconds", "best loss", "finding", "why it ended there"],
+    return _table(["site", "status", "op", "hazard", "steps", "seconds", "best loss", "bug", "how it stands"],
                   rows)
 
 
@@ -485,7 +482,8 @@ def _header(data: RunData) -> list[str]:
             f"<p>run <code>{_e(data.run_dir.name)}</code>, state <b>{_e(run.get('state'))}</b>, "
             f"exit code {_e(run.get('exit_code'))}, {_fmt(run.get('seconds'))} s, executor {_e(run.get('executor'))}; "
             f"{_e(totals.get('targets'))} target(s), {_e(totals.get('sites'))} site(s), "
-            f"{_e(totals.get('steps'))} steps, <b>{_e(totals.get('findings'))} finding(s)</b>.</p>",
+            f"{_e(totals.get('steps'))} steps, <b>{_e(len(s.get('bugs') or []))} bug(s)</b> "
+            f"({_e(sum(len(b.get('occurrences') or []) for b in s.get('bugs') or []))} finding(s)).</p>",
             f"<p class='small'>MLflow: {mlflow or _e(run.get('tracking_uri') or 'tracking off')} · "
             f"<a href='../{SUMMARY}'>{SUMMARY}</a></p>"]
 
@@ -500,7 +498,7 @@ def render_index(data: RunData, sites: list[dict[str, Any]], pages: dict[str, st
     statuses = sorted({str(s.get("status")) for s in sites})
     body = _header(data)
     body += ["<h2>Targets</h2>", _targets_table(data),
-             "<h2>Findings</h2>", _findings_table(data, sites, pages),
+             "<h2>Bugs</h2>", _bugs_table(data, pages),
              "<h2>Budget allocation over time</h2>"]
     if charts:
         for key, title in (("alloc-time", "budget spent per site over time (from the traces)"),
@@ -690,11 +688,13 @@ def _values_section(folder: Path, report: dict[str, Any]) -> str:
     return "".join(out) or "<p>No input saved.</p>"
 
 
-def render_finding(data: RunData, site: dict[str, Any], report: dict[str, Any], sources: _Sources,
-                   page_dir: Path) -> str:
+def render_finding(data: RunData, bug: dict[str, Any], site: dict[str, Any], report: dict[str, Any],
+                   sources: _Sources, page_dir: Path) -> str:
+    """A bug's page, from its smallest reproducer (``report``); ``site``: the site it is at, else the site
+    whose search found that reproducer."""
     from fuzz_core.findings import REPORT, VALUES
 
-    folder = data.run_dir / site["finding"]
+    folder = data.run_dir / bug["reproducer"]
     rel = Path(os.path.relpath(folder, page_dir)).as_posix()
     first = report.get("first_op") or {}
     mini = report.get("minimised") or {}
@@ -705,35 +705,34 @@ def render_finding(data: RunData, site: dict[str, Any], report: dict[str, Any], 
              if (folder / name).is_file()]
     mlflow = _mlflow(run.get("tracking_uri"), site.get("mlflow_run_id"))
     campaign_mlflow = _mlflow(run.get("tracking_uri"), run.get("mlflow_run_id"))
+    searcher = (report.get("site") or {}).get("label")
     body = [f"<p class='small'><a href='../{INDEX}#site-{_e(site['id'])}'>← the report of run {_e(data.run_dir.name)}</a></p>",
-            f"<h1 class='label'>{_e(site.get('label'))}</h1>",
-            f"<p>{_status(site)} · {_e(report.get('hazard'))}</p>",
+            f"<h1 class='label'>{_e(bug['op'])} ({_e(bug.get('phase') or 'forward')}) at {_e(bug['position'])}</h1>",
+            f"<p>{_e(bug_words(bug))}</p>",
             "<dl class='kv'>",
+            f"<dt>site</dt><dd>{_e(site.get('label'))} {_status(site)}</dd>",
             f"<dt>first non-finite op</dt><dd>{_first_op(first, report.get('phase'))}"
             + ("" if report.get("site_triggered", True) else
                " <span class='small'>(another op than the searched site's went non-finite first)</span>") + "</dd>",
-            f"<dt>found at</dt><dd>step {_e(report.get('step'))} of the site's search ({_e(report.get('strategy'))}, "
+            f"<dt>found at</dt><dd>step {_e(report.get('step'))} of the search of {_e(searcher)} ({_e(report.get('strategy'))}, "
             f"trigger by {_e(report.get('trigger'))}, {'training' if report.get('training') else 'inference'}, "
             f"{_e(report.get('device'))})</dd>",
             f"<dt>fresh replays</dt><dd>{_e(replays.get('reproduced'))} of {_e(replays.get('of'))} reproduced"
             + (" <span class='bad'>(flaky)</span>" if report.get("flaky") else "") + "</dd>",
             f"<dt>minimised</dt><dd>batch {_e(mini.get('original_batch_size', report.get('batch_size')))} → "
             f"{_e(report.get('batch_size'))}; distance to the original sample {_distance(mini)}</dd>",
-            f"<dt>bug</dt><dd>{_bug_cell(data, report, site.get('finding') or '')}</dd>",
+            f"<dt>bug</dt><dd>{_bug_cell(data, bug)}</dd>",
             f"<dt>files</dt><dd>{' · '.join(files) or '—'}</dd>",
             f"<dt>MLflow</dt><dd>{mlflow or campaign_mlflow or 'no MLflow run (tracking off)'}"
             + (f" · campaign run {campaign_mlflow}" if mlflow and campaign_mlflow else "") + "</dd>",
             "</dl>"]
     for note in report.get("notes") or []:
         body.append(f"<p class='small'>note: {_e(note)}</p>")
-    body += ["<h2>Source</h2>", sources.context(position_of(site), extra)]
-    if first.get("location") and position_of(first) != position_of(site):
-        body += [f"<h3>where the first non-finite value arose ({_e(first.get('op'))})</h3>",
-                 sources.context(position_of(first), extra)]
+    body += ["<h2>Source</h2>", sources.context(bug["position"], extra)]
     body += ["<h2>Replay</h2>", f"<pre>{_e(report.get('replay'))}</pre>"]
     if (folder / "test_reproducer.py").is_file():
         body.append(f"<p class='small'>as a regression test (fails while the bug is there):</p>"
-                    f"<pre>pytest {_e((data.run_dir / site['finding'] / 'test_reproducer.py').as_posix())}</pre>")
+                    f"<pre>pytest {_e((folder / 'test_reproducer.py').as_posix())}</pre>")
     body += ["<h2>Fix</h2>", _fix_cell(report.get("fix")),
              "<h2>Minimised input</h2>", _values_section(folder, report)]
     trace = data.traces.get(site["id"])
@@ -749,35 +748,32 @@ def write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def finding_entries(site: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(key, site as its finding's page shows it) per finding of a site: its own (key: the site's id) and
-    each other op's finding its search stepped past (key: that finding's folder)."""
-    own = [(site["id"], site)] if site.get("finding") else []
-    return own + [(p, {**site, "finding": p}) for p in stepped_past(site)]
-
-
-def finding_page_name(site: dict[str, Any]) -> str:
-    return f"{FINDING_PAGES}/{Path(str(site['finding'])).name}.html"
+def finding_page_name(bug: dict[str, Any]) -> str:
+    return f"{FINDING_PAGES}/{Path(str(bug['reproducer'])).name}.html"
 
 
 def write_report(run_dir: Path) -> Path:
-    """Write ``<run>/report/index.html`` and a page per finding; return the index path."""
+    """Write ``<run>/report/index.html`` and a page per bug; return the index path."""
     data = load_run(run_dir)
     out = Path(run_dir) / REPORT_DIR
     sites = ordered_sites(data.summary)
+    by_id = {s["id"]: s for s in sites}
     sources = _Sources(data)
-    pages: dict[str, str] = {}
-    for key, site in ((k, e) for s in sites for k, e in finding_entries(s)):
-        report = data.findings.get(key)
+    pages: dict[str, str] = {}        # a bug's signature, and the id of each site it is at -> its page
+    for bug in data.summary.get("bugs", []):
+        report = data.findings.get(bug["signature"])
         if report is None:
             continue
-        name = finding_page_name(site)
+        at = [by_id[i] for i in bug.get("sites") or [] if i in by_id]
+        site = at[0] if at else by_id.get((report.get("site") or {}).get("id"), report.get("site") or {"id": ""})
+        name = finding_page_name(bug)
         try:
-            write_text(out / name, render_finding(data, site, report, sources, out / FINDING_PAGES))
+            write_text(out / name, render_finding(data, bug, site, report, sources, out / FINDING_PAGES))
         except Exception as exc:  # noqa: BLE001 - one broken finding must not lose the report
-            log.warning("report: cannot write the page of %s: %s", site.get("label"), exc)
+            log.warning("report: cannot write the page of bug %s: %s", bug["signature"], exc)
             continue
-        pages[key] = name
+        pages[bug["signature"]] = name
+        pages.update({s["id"]: name for s in at})
     page = out / INDEX
     write_text(page, render_index(data, sites, pages))
     return page
@@ -789,7 +785,7 @@ def _write_output_index(output: Path, runs: list[Path]) -> Path:
         summary = read_json(run / SUMMARY)
         totals = summary.get("totals") or {}
         items.append(f"<li><a href='../{_e(run.name)}/{REPORT_DIR}/{INDEX}'>{_e(run.name)}</a>: "
-                     f"{_e(totals.get('sites'))} site(s), {_e(totals.get('findings'))} finding(s)</li>")
+                     f"{_e(totals.get('sites'))} site(s), {_e(totals.get('bugs', totals.get('findings')))} bug(s)</li>")
     page = output / REPORT_DIR / INDEX
     write_text(page, _page("cdeepfuzz runs", [f"<h1>Runs in {_e(output.name)}</h1><ul>{''.join(items)}</ul>"],
                            scripts=False))
