@@ -23,11 +23,13 @@ def _closed_port() -> int:
 @pytest.mark.parametrize("uri, line", [
     ("http://127.0.0.1:5000", "cdeepfuzz: MLflow: open http://127.0.0.1:5000 in a browser"),
     ("https://mlflow.example.org", "cdeepfuzz: MLflow: open https://mlflow.example.org in a browser"),
-    ("sqlite:///runs/mlflow.db", "cdeepfuzz: mlflow ui --backend-store-uri sqlite:///runs/mlflow.db"),
+    ("sqlite:///runs/mlflow.db", "cdeepfuzz: MLflow: cdeepfuzz ui"),
     ("databricks", "cdeepfuzz: MLflow tracking: databricks"),
 ])
 def test_the_tracking_line_fits_the_store(uri, line):
     assert tracking_line(uri) == line
+    if line.endswith("cdeepfuzz ui"):            # a local store: the run's own UI, at its experiment
+        assert tracking_line(uri, Path("runs/r-1")) == "cdeepfuzz: MLflow: cdeepfuzz ui runs/r-1"
 
 
 @pytest.mark.mlflow

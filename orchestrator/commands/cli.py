@@ -132,47 +132,51 @@ def replay(folder: Path = typer.Argument(..., help="a finding folder (or its fin
 @app.command()
 def bugs(campaign: Optional[str] = typer.Option(None, "--campaign", help="only bugs seen in this campaign"),
          state: Optional[str] = typer.Option(None, "--state", help="triage state: new, confirmed, fixed, regressed, ..."),
-         tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri"),
+         output: Optional[Path] = typer.Option(None, "--output",
+                                               help="the campaigns' output folder (default: the newest run's here)"),
+         occurrences: bool = typer.Option(False, "--occurrences", help="list each bug's findings too"),
          as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
-    """List bugs, not runs: one row per signature across every campaign in the tracking store."""
+    """List bugs, not runs: one row per bug across every run of an output folder."""
     from orchestrator.commands.bugs import BugsError, list_bugs
+    from orchestrator.commands.table import render, terminal_width
 
     try:
-        uri, rows = list_bugs(tracking_uri, campaign, state)
+        folder, rows = list_bugs(output, campaign, state, occurrences=occurrences)
     except BugsError as exc:
         _fail(str(exc))
     if as_json:
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"{len(rows)} bug(s) in {uri}")
-    for col in ("signature", "triage", "target", "op / location", "hazard", "seen", "first seen", "last seen",
-                "campaigns", "reproducer"):
-        table.add_column(col, overflow="fold", no_wrap=col in ("signature", "triage"))
-    for r in rows:
-        table.add_row(r["signature"], str(r["triage"]), ", ".join(r["targets"]) or str(r.get("target") or ""),
-                      f"{r.get('op')} {r.get('location')}", str(r.get("hazard") or ""), str(r["occurrences"]),
-                      str(r["first_seen"] or ""), str(r["last_seen"] or ""), ", ".join(r["campaigns"]),
-                      str(r.get("reproducer") or ""))
-    Console(width=None if sys.stdout.isatty() else 240).print(table)
+    typer.echo(f"{len(rows)} bug{'' if len(rows) == 1 else 's'} in {folder / 'bugs'}")
+    if not rows:
+        return
+    header = ["signature", "triage", "op", "phase", "runs", "finds", "last seen", "where"]
+    table = [[r["signature"], r["triage"], r["op"], r["phase"], r["runs"], r["occurrences"],
+              (r["last_seen"] or "")[:10], r["position"]] for r in rows]
+    for line in render(header, table, terminal_width(), [("where", 20, True), ("last seen", 0, False),
+                                                         ("op", 6, False)]):
+        typer.echo(line)
+    if occurrences:
+        for r in rows:
+            typer.echo(f"{r['signature']} {r['op']} at {r['position']}: {r['hazard']}")
+            for o in r.get("occurrence_list") or []:
+                typer.echo(f"  {o.get('folder')} (run {o.get('run') or '-'}, target {o.get('target')}, step "
+                           f"{o.get('step')}, {o.get('batch_size')} row(s))")
 
 
 @app.command()
 def sync(run_folder: Path = typer.Argument(..., help="a run folder whose tracking was spooled"),
          tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="default: the run's own")) -> None:
-    """Send what a run spooled while MLflow was unreachable (exit 1 if some is still left)."""
+    """Send what a run spooled while MLflow was unreachable, then make MLflow agree with the run's store
+    (exit 1 if some is still left)."""
     from orchestrator.commands.sync import sync as send
 
     try:
         uri, result = send(run_folder, tracking_uri)
     except ConfigError as exc:
         _fail(str(exc))
-    if uri is None:
-        typer.echo(f"nothing to send: {result} does not exist")
-        return
-    typer.echo(f"sent {result.sent}, dropped {result.dropped} (invalid), left {result.left} -> {uri}")
+    typer.echo(f"sent {result.sent}, dropped {result.dropped} (stale or invalid), left {result.left}; "
+               f"{result.mirrored} MLflow run(s) brought in line with the run-state store -> {uri}")
     raise typer.Exit(1 if result.left else 0)
 
 
@@ -195,12 +199,15 @@ def triage(bug: str = typer.Argument(..., help="a bug's signature (cdeepfuzz bug
            state: str = typer.Option(..., "--state",
                                      help="new | confirmed | duplicate | wontfix | fixed | regressed | not-reproduced"),
            note: Optional[str] = typer.Option(None, "--note", help="a note kept with the state"),
-           tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri")) -> None:
+           output: Optional[Path] = typer.Option(None, "--output",
+                                                 help="the campaigns' output folder (default: the newest run's here)"),
+           tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri",
+                                                      help="the MLflow store that mirrors it")) -> None:
     """Set the triage state of a bug, once, for every run where it occurred."""
     from orchestrator.commands.triage import TriageError, triage as set_state
 
     try:
-        result = set_state(bug, state, note, tracking_uri)
+        result = set_state(bug, state, note, tracking_uri, output=output)
     except TriageError as exc:
         _fail(str(exc))
     typer.echo(result.describe())
@@ -241,7 +248,26 @@ def fix(folder: Path = typer.Argument(..., help="a finding folder, or its findin
     raise typer.Exit(0 if section["status"] == "verified" else 1)
 
 
+@app.command()
+def ui(folder: Optional[Path] = typer.Argument(None, help="a run folder or an output folder (default: the newest "
+                                                          "run under the current directory)"),
+       host: str = typer.Option("127.0.0.1", "--host"),
+       port: int = typer.Option(5000, "--port", min=1, max=65535)) -> None:
+    """Open a run in MLflow: the campaign's experiment (its runs, one per site), not MLflow's start page. A
+    local store gets an MLflow UI on HOST:PORT until Ctrl-C; a tracking server is only named."""
+    from orchestrator.commands.ui import UiError, serve
+
+    try:
+        serve(folder, host, port, typer.echo)
+    except UiError as exc:
+        _fail(str(exc))
+
+
 def main() -> None:
+    # a normal run prints CDeepFuzz's lines, not MLflow's INFO lines ("Creating initial MLflow database
+    # tables...") nor TensorFlow's start-up banners; either can be asked for back through its own variable
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=os.environ.get("CDEEPFUZZ_LOG", "WARNING").upper(),
                         format="%(levelname)s %(name)s: %(message)s")
     try:

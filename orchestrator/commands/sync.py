@@ -1,4 +1,6 @@
-"""``cdeepfuzz sync RUN_FOLDER``: send what a run spooled while its MLflow server was unreachable."""
+"""``cdeepfuzz sync RUN_FOLDER``: send what a run spooled while its MLflow server was unreachable, once,
+then make MLflow agree with the run's state store (a run already in agreement is left as it is: a
+finished run is never changed)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,11 +8,11 @@ from pathlib import Path
 from orchestrator.config import ConfigError
 
 
-def sync(run_folder: Path, tracking_uri: str | None = None) -> tuple[str | None, object]:
-    """(the URI, the replay's counts), or (None, None) when nothing is spooled; ConfigError for usage."""
+def sync(run_folder: Path, tracking_uri: str | None = None) -> tuple[str, object]:
+    """(the URI, the replay's counts: sent, dropped, left, mirrored); ConfigError for usage."""
     from fuzz_core.io import read_json
     from orchestrator.config import resolve_tracking_uri
-    from orchestrator.observers.tracking_sender import SPOOL_NAME, replay_spool
+    from orchestrator.observers.tracking_sender import replay_spool
 
     summary = run_folder / "summary.json"
     if tracking_uri is None and summary.is_file():
@@ -21,6 +23,4 @@ def sync(run_folder: Path, tracking_uri: str | None = None) -> tuple[str | None,
     uri = resolve_tracking_uri(tracking_uri, run_dir=run_folder)
     if not uri:
         raise ConfigError(f"{run_folder}: no tracking URI: give --tracking-uri")
-    if not (run_folder / SPOOL_NAME).is_file():
-        return None, run_folder / SPOOL_NAME
     return uri, replay_spool(uri, run_folder)

@@ -4,17 +4,18 @@ background :class:`~orchestrator.observers.tracking.Tracker`, so tracking never 
 Layout, in the experiment named after the campaign:
 
 - one parent run per campaign run (params: the campaign; tags ``state``, ``exit_reason``,
-  ``exit_code``, ``findings``), ended FINISHED (completed), KILLED (stopped) or FAILED;
+  ``exit_code``, ``bugs``), ended FINISHED (completed), KILLED (stopped) or FAILED;
 - a target that could not be built or run: a child run ``target <name>`` ended FAILED, with tags
   ``status`` ``error``, ``exit_reason``, ``error`` (the user's message) and ``traceback``;
 - while the campaign has at most ``tracking.max_site_runs`` sites (100: one page of the MLflow
   UI): one child run per site, with ``suspect_loss``, ``best_loss`` and ``grad_norm`` by step, tags
-  ``site.*``, ``status`` and ``exit_reason`` (:mod:`fuzz_core.status`), and for a finding its folder
-  as artifacts under ``finding/`` (another op's finding that the site's search stepped past: under
+  ``site.*``, ``status``, ``exit_reason`` (:mod:`fuzz_core.status`) and ``outcome`` (the words of
+  :func:`orchestrator.wording.site_outcome`), and for a bug at its own op the finding's folder as
+  artifacts under ``finding/`` (another op's bug that the site's search reported on its way: under
   ``passed/<folder>/``, its folder named in the tag ``passed``); ended FINISHED, FAILED (error,
   timeout) or KILLED (stopped);
 - above that: one child run per target (metric ``best_loss.<site id>`` per site, by the site's
-  step; tags with the counts per status) and one child run per finding, so that a 1,000-site
+  step; tags with the counts per status) and one child run per bug, so that a 1,000-site
   campaign reads as a few dozen runs. ``cdeepfuzz bugs`` and ``cdeepfuzz report`` are the views
   made for that size.
 
@@ -32,7 +33,10 @@ from fuzz_core.sites import position_of
 from fuzz_core.status import RunState, SiteStatus
 from orchestrator.config import params
 from orchestrator.observers.base import Observer
+from fuzz_core.dedupe import BugDatabase, triage_state
 from orchestrator.observers.bugstore import reproducer_folder
+from orchestrator.run.records import at_site
+from orchestrator.wording import site_outcome
 
 CAMPAIGN = "campaign"
 RUN_END = {RunState.COMPLETED: "FINISHED", RunState.STOPPED: "KILLED", RunState.FAILED: "FAILED",
@@ -65,6 +69,8 @@ class MlflowObserver(Observer):
         self._started: set[str] = set()          # site runs started (or reopened) by this session
         self._target_counts: dict[str, Counter] = {}
         self._last_refresh = 0.0
+        self._bug_runs: dict[str, str] = {}     # signature -> its child run's key (above max_site_runs sites)
+        self._bugs: set[str] = set()            # the run's bugs so far
 
     # -- the campaign ---------------------------------------------------------------------------
     def run_started(self, run, resumed: bool) -> None:
@@ -121,42 +127,59 @@ class MlflowObserver(Observer):
                                                                     rec.steps)])
 
     def finding(self, rec, finding, folder: Path) -> None:
+        """A finding's files go to the run of the site whose search found it (under ``finding/`` for the bug
+        at its own op, under ``passed/<folder>/`` for another op's bug it reported on its way); the bug's
+        run in ``cdeepfuzz-bugs`` mirrors the bug database's record, and is linked from the run of the site
+        the bug is at. Above ``max_site_runs`` sites: one child run per bug, at its first finding."""
         site = rec.site
-        key = site.id
-        # another op's finding the site's search stepped past: its files go beside the site's own
-        # finding, not over them (the site's run keeps both; its tags stay its own finding's)
-        passed = [Path(p).name for p in (getattr(rec, "passed", None) or [])]
-        stepped_past = Path(folder).name in passed
+        bug = finding.bug
+        own = bool(finding.site_triggered)
+        self._bugs.add(finding.signature)
+        at = rec if own else next((s for s in self.sites if s.site.target == site.target
+                                   and at_site(bug.to_dict(), s.site)), None)
         if not self.per_site:
-            key = f"finding:{site.id}" + (f":{Path(folder).name}" if stepped_past else "")
-            self.tracker.start_site(key, site.label, site_tags(site, SiteStatus.SEARCHING))
-        elif stepped_past:
-            self.tracker.log_artifacts(key, folder, artifact_path=f"passed/{Path(folder).name}")
-            self.tracker.set_tags(key, {"passed": ", ".join(passed)})
-            self._note_bug(site, finding, key)
-            return
-        replays = getattr(finding, "replays", (1, 1))
-        self.tracker.log_artifacts(key, folder, artifact_path="finding")
-        self.tracker.set_tags(key, {"hazard": site.hazard, "trigger": finding.trigger,
-                                    "training": str(finding.training).lower(), "signature": finding.signature,
-                                    "steps": str(finding.step), "first_op": (finding.first_op or {}).get("kind", ""),
-                                    "first_op.position": position_of(finding.first_op) if finding.first_op else None,
-                                    "finding.folder": str(folder), "phase": str(getattr(finding, "phase", "forward")),
-                                    "flaky": str(bool(getattr(finding, "flaky", False))).lower(),
-                                    "replays": f"{replays[0]}/{replays[1]}",
-                                    **({"notes": "; ".join(finding.notes)} if finding.notes else {})})
-        self._note_bug(site, finding, key)
-        if not self.per_site:
-            status = SiteStatus.FLAKY if getattr(finding, "flaky", False) else SiteStatus.FOUND
-            self.tracker.set_tags(key, {"status": status.value, "exit_reason": "triggered_flaky"
-                                        if status is SiteStatus.FLAKY else "triggered"})
+            if finding.signature in self._bug_runs:
+                return
+            key = self._bug_runs[finding.signature] = f"bug:{finding.signature}"
+            self.tracker.start_site(key, f"{bug.op} {bug.position}", {**self._finding_tags(finding, folder),
+                                                                      "status": "found", "site.target": site.target,
+                                                                      "site.id": site.id})
+            self.tracker.log_artifacts(key, folder, artifact_path="finding")
+            self._note_bug(finding, key)
             self.tracker.end(key, "FINISHED")
+            return
+        if own:
+            self.tracker.log_artifacts(site.id, folder, artifact_path="finding")
+            self.tracker.set_tags(site.id, self._finding_tags(finding, folder))
+        else:
+            self.tracker.log_artifacts(site.id, folder, artifact_path=f"passed/{Path(folder).name}")
+            self.tracker.set_tags(site.id, {"passed": ", ".join(Path(p).name for p in rec.passed)})
+        self._note_bug(finding, at.site.id if at is not None and at.site.id in self._started_or_known() else None)
 
-    def _note_bug(self, site, finding, key: str) -> None:
-        self.tracker.note_bug(finding.signature, f"{site.target} {site.op} {site.location}",
-                              {"site.target": site.target, "site.op": site.op, "site.location": site.location,
-                               "hazard": site.hazard,
-                               "reproducer": str(reproducer_folder(self.root, finding.signature).resolve())}, key)
+    def _started_or_known(self) -> set[str]:
+        return self._started | {rec.site.id for rec in self.sites if rec.mlflow_run_id}
+
+    @staticmethod
+    def _finding_tags(finding, folder: Path) -> dict[str, Any]:
+        replays = finding.replays
+        return {"hazard": finding.bug.hazard, "trigger": finding.trigger, "training": str(finding.training).lower(),
+                "signature": finding.signature, "steps": str(finding.step), "first_op": (finding.first_op or {}).get("kind", ""),
+                "first_op.position": position_of(finding.first_op) if finding.first_op else None,
+                "finding.folder": str(folder), "phase": finding.phase,
+                "flaky": str(bool(finding.flaky)).lower(), "replays": f"{replays[0]}/{replays[1]}",
+                **({"notes": "; ".join(finding.notes)} if finding.notes else {})}
+
+    def _note_bug(self, finding, occurrence_key: str | None) -> None:
+        """Mirror the bug's record of the bug database (written before this observer hears of the finding)."""
+        bug = finding.bug
+        record = BugDatabase(self.root).fetch(finding.signature) or {}
+        self.tracker.note_bug(finding.signature, f"{bug.op} {bug.position}",
+                              {"bug.op": bug.op, "bug.position": bug.position, "bug.phase": bug.phase,
+                               "hazard": bug.hazard, "targets": ", ".join(record.get("targets") or [finding.site.target]),
+                               "triage": triage_state(record),
+                               "triage.note": (record.get("triage") or {}).get("note"),
+                               "reproducer": str(reproducer_folder(self.root, finding.signature).resolve())},
+                              occurrence_key)
 
     def site_changed(self, rec, before) -> None:
         counts = self._target_counts.setdefault(rec.site.target, Counter())
@@ -164,14 +187,7 @@ class MlflowObserver(Observer):
         counts[rec.status] += 1
         if not self.per_site or rec.site.id not in self._started:
             return      # not started yet (a stopped site reopened by a resume): sites_ready sends its status
-        tags: dict[str, Any] = {"status": rec.status.value, "exit_reason": rec.exit_reason.value,
-                                "steps": str(rec.steps)}
-        if rec.error:
-            tags["error"] = rec.error
-            tags["traceback"] = (rec.traceback or "")[-MAX_TRACEBACK:] or None
-        if rec.status.final and rec.reach:
-            tags["reach"] = rec.reach.get("message", "")
-        self.tracker.set_tags(rec.site.id, tags)
+        self.tracker.set_tags(rec.site.id, site_state(rec))
         if rec.status.final:
             self.tracker.end(rec.site.id, SITE_END.get(rec.status, "FINISHED"))
 
@@ -196,13 +212,51 @@ class MlflowObserver(Observer):
                 if rec.mlflow_run_id is None:
                     rec.mlflow_run_id = self.tracker.run_id(rec.site.id)
 
+    def findings_restored(self, findings) -> None:
+        self._bugs.update(f.signature for f in findings)
+
     def run_ended(self, run) -> None:
-        findings = sum(1 for rec in self.sites if rec.status.finding)
         if not self.per_site:
             for target, counts in self._target_counts.items():
                 key = f"target:{target}"
                 self.tracker.set_tags(key, {f"sites.{s.value}": str(n) for s, n in counts.items()})
                 self.tracker.end(key, RUN_END[run.state])
-        self.tracker.set_tags(CAMPAIGN, {"state": run.state.value, "exit_reason": run.exit_reason.value,
-                                         "exit_code": str(run.exit_code), "findings": str(findings)})
+        self.tracker.set_tags(CAMPAIGN, run_state(run, len(self._bugs)))
         self.tracker.end(CAMPAIGN, RUN_END[run.state])
+        self.tracker.mirror(self.run_dir)     # then MLflow is made to agree with the store, whatever was lost
+
+
+def site_state(rec) -> dict[str, Any]:
+    """The tags of a site run that say how the site stands (the run-state store's record of it)."""
+    tags: dict[str, Any] = {"status": rec.status.value, "exit_reason": rec.exit_reason.value, "steps": str(rec.steps),
+                            "found_by": rec.found_by, "outcome": site_outcome(rec.to_dict())}
+    if rec.error:
+        tags["error"] = rec.error
+        tags["traceback"] = (rec.traceback or "")[-MAX_TRACEBACK:] or None
+    return tags
+
+
+def run_state(run, bugs: int) -> dict[str, Any]:
+    """The tags of the campaign's parent run that say how the run stands."""
+    return {"state": run.state.value, "exit_reason": run.exit_reason.value, "exit_code": str(run.exit_code),
+            "bugs": str(bugs)}
+
+
+def store_state(run_dir: Path) -> list[tuple[str, str | None, dict[str, Any], str | None]]:
+    """What MLflow must show of a run, read from its run-state store (the truth): per MLflow run, (its tracker
+    key, its id as the store knows it, the tags of its state, the status it ends with; None while the store
+    has it live)."""
+    from orchestrator.run.state import RunStore
+
+    store = RunStore.open_readonly(run_dir)
+    try:
+        run, sites, findings = store.run(), store.sites(), store.findings()
+    finally:
+        store.close()
+    out: list[tuple[str, str | None, dict[str, Any], str | None]] = [
+        (CAMPAIGN, run.mlflow_run_id, run_state(run, len({f.signature for f in findings})),
+         None if run.state is RunState.RUNNING else RUN_END[run.state])]
+    for rec in sites:
+        out.append((rec.site.id, rec.mlflow_run_id, site_state(rec),
+                    SITE_END.get(rec.status, "FINISHED") if rec.status.final else None))
+    return out

@@ -75,6 +75,7 @@ MAX_TAG_VALUE = 8000  # MAX_TAG_VAL_LENGTH
 MAX_KEY = 250  # MAX_ENTITY_KEY_LENGTH
 _BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")  # what MLflow accepts in param/metric/tag keys
 _STOP = object()
+_WAKE = object()     # wakes the writer for an urgent operation
 
 
 def _safe_key(key: object) -> str:
@@ -156,20 +157,30 @@ class Tracker:
         self._session = uuid.uuid4().hex[:12]
         self._sender = _Sender(uri)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._urgent: queue.SimpleQueue[Record] = queue.SimpleQueue()   # sent before what is queued
+        self._spool_lock = threading.Lock()
+        self._inflight: Record | None = None      # the operation the writer is sending
         self._open: dict[str, None] = {}  # keys of runs started and not ended, in order
         self._campaign_key: str | None = None
         self._closed = False
         self._abandon = False  # close timed out: spool what is left, send nothing more
-        self._offline = False  # spooling until the server answers again
+        # spooling until the server answers again; a spool left by an earlier session of this run (a
+        # stopped or killed driver) is sent first, once, before anything of this session's
+        self._offline = self.spool_path.exists()
         self._next_probe = 0.0
         self._thread = threading.Thread(target=self._drain, name="cdeepfuzz-tracking", daemon=True)
         self._thread.start()
 
     def _put(self, kind: str, key: str, parent_key: str | None = None, **args: Any) -> None:
+        rec = self._record(kind, key, parent_key, **args)
+        if rec is not None:
+            self._queue.put(rec)
+
+    def _record(self, kind: str, key: str, parent_key: str | None = None, **args: Any) -> Record | None:
         if self._closed:
             log.warning("tracking: %s for %r after close; ignored", kind, key)
-            return
-        rec = {
+            return None
+        return {
             "v": SPOOL_VERSION,
             "session": self._session,
             "experiment": self.experiment,
@@ -179,7 +190,6 @@ class Tracker:
             "ts": int(time.time() * 1000),
             "args": args,
         }
-        self._queue.put(rec)
 
     @_never_raise
     def start_campaign(
@@ -244,6 +254,16 @@ class Tracker:
         self._open.pop(key, None)
 
     @_never_raise
+    def mirror(self, run_dir: Path | str) -> None:
+        """Make MLflow's runs agree with the run-state store of ``run_dir`` (read when sent): at once, ahead
+        of what is queued (a stop's few seconds go to the runs' ends, not to metrics), and again after it."""
+        rec = self._record("mirror", "mirror", run_dir=str(Path(run_dir).resolve()))
+        if rec is not None:
+            self._urgent.put(rec)
+            self._queue.put(_WAKE)
+            self._queue.put(dict(rec))
+
+    @_never_raise
     def note_bug(self, signature: str, name: str, tags: Mapping[str, Any], occurrence_key: str | None) -> None:
         """An occurrence of bug ``signature`` (found in run ``occurrence_key``): see
         :func:`orchestrator.observers.bug_registry.note_occurrence`."""
@@ -268,9 +288,10 @@ class Tracker:
     def close(self, timeout: float = 10.0, status: RunEnd | None = "KILLED") -> bool:
         """End open runs with ``status``, flush within ``timeout`` and stop the writer.
 
-        True when everything was sent or spooled in time. Otherwise the writer spools what
-        is left as soon as its current call returns (it is a daemon thread: a process exit
-        loses what it had not spooled yet).
+        True when everything was sent or spooled in time. Otherwise the writer spools what is left as
+        soon as its current call returns; if that call has not returned after a grace, it and what is
+        still queued are spooled here (``cdeepfuzz sync``, or the run's ``--resume``, sends them; a replayed
+        start adopts the run its call may have made after all).
         """
         if self._closed:
             return not self._thread.is_alive()
@@ -284,6 +305,19 @@ class Tracker:
             log.warning("tracking: not drained in %.1fs; spooling the rest to %s", timeout, self.spool_path)
         self._queue.put(_STOP)
         self._thread.join(max(0.0, deadline - time.monotonic()) + CLOSE_GRACE_S)
+        if self._thread.is_alive():      # still in a call: it and what is queued behind it are spooled, in order
+            inflight = self._inflight    # (its replay adopts what the call made, should it have got through)
+            if inflight is not None:
+                self._spool(inflight)
+            for pending in (self._urgent, self._queue):
+                while True:
+                    try:
+                        item = pending.get_nowait()
+                    except queue.Empty:
+                        break
+                    if isinstance(item, dict):
+                        self._spool(item)
+            self._queue.put(_STOP)           # taken out with the rest: the writer stops once its call returns
         return drained and not self._thread.is_alive()
 
     def run_id(self, key: str) -> str | None:
@@ -308,15 +342,29 @@ class Tracker:
             except queue.Empty:
                 self._try_reconnect()
                 continue
+            while True:                                   # what must go first (the end of a stop: mirror)
+                try:
+                    urgent = self._urgent.get_nowait()
+                except queue.Empty:
+                    break
+                self._handle_safely(urgent)
+            if item is _WAKE:
+                continue
             if item is _STOP:
                 return
             if isinstance(item, threading.Event):
                 item.set()
                 continue
-            try:
-                self._handle(item)
-            except Exception:  # never let the writer die
-                log.exception("tracking: writer failed on %s", item.get("kind"))
+            self._handle_safely(item)
+
+    def _handle_safely(self, item: Record) -> None:
+        self._inflight = item
+        try:
+            self._handle(item)
+        except Exception:  # never let the writer die
+            log.exception("tracking: writer failed on %s", item.get("kind"))
+        finally:
+            self._inflight = None
 
     def _handle(self, rec: Record) -> None:
         self._try_reconnect()
@@ -330,9 +378,11 @@ class Tracker:
 
     def _spool(self, rec: Record) -> None:
         try:
-            self.spool_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.spool_path.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps(self._sender.annotate(rec), default=str) + "\n")
+            line = json.dumps(self._sender.annotate(rec), default=str) + "\n"
+            with self._spool_lock:             # the writer and a timed-out close may both spool
+                self.spool_path.parent.mkdir(parents=True, exist_ok=True)
+                with self.spool_path.open("a", encoding="utf-8") as fh:
+                    fh.write(line)
         except (OSError, TypeError, ValueError):
             log.exception("tracking: could not spool %s for %r; lost", rec["kind"], rec["key"])
 
@@ -346,7 +396,7 @@ class Tracker:
         except Exception as exc:
             log.debug("tracking: %s still unreachable: %s", self.uri, exc)
             return
-        result = _replay_file(self._sender, self.spool_path, tries=1)
+        result = _replay_file(self._sender, self.spool_path, tries=1, session=self._session)
         if result.left == 0:
             self._offline = False
             log.info("tracking: %s answers again; replayed %d spooled operations", self.uri, result.sent)

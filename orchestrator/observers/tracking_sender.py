@@ -20,6 +20,7 @@ in ``mlartifacts/<experiment>``, not in MLflow's default ``./mlruns`` of the cwd
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -44,12 +45,14 @@ TRIES = 3
 BACKOFF_S = 0.2  # doubled after every failed try
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_TAGS_PER_BATCH = 100
+MAX_TAG_VALUE = 8000  # mlflow.utils.validation.MAX_TAG_VAL_LENGTH (3.17)
 HTTP_ENV_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
 PARENT_TAG = "mlflow.parentRunId"
+EXPERIMENT_KIND, RUNS_KIND = "mlflow.experimentKind", "custom_model_development"
 # MLflow error codes that no retry can cure; every other MlflowException is transient.
 _PERMANENT_CODES = frozenset(
     "INVALID_PARAMETER_VALUE RESOURCE_DOES_NOT_EXIST RESOURCE_ALREADY_EXISTS INVALID_STATE"
@@ -77,6 +80,7 @@ class SpoolReplay:
     sent: int
     dropped: int
     left: int
+    mirrored: int = 0     # MLflow runs changed to agree with the run-state store afterwards
 
 
 def default_sqlite_uri(output_dir: Path | str) -> str:
@@ -98,16 +102,33 @@ def _sqlite_path(uri: str) -> Path | None:
 
 
 def _make_client(uri: str) -> MlflowClient:
-    """An ``MlflowClient`` with short HTTP retries; creates a SQLite file's folder."""
+    """An ``MlflowClient`` with short HTTP retries; a SQLite file that does not exist yet is created whole
+    first (:func:`_create_sqlite`)."""
     if uri.startswith(("http://", "https://")):
         for name, value in HTTP_ENV_DEFAULTS.items():
             os.environ.setdefault(name, value)
     db = _sqlite_path(uri)
-    if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
+    if db is not None and not db.exists():
+        _create_sqlite(db)
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
+
+
+def _create_sqlite(db: Path) -> None:
+    """Create MLflow's tables in a file beside ``db`` and rename it into place: MLflow builds a new SQLite
+    store by a series of migrations, and a process stopped in the middle of them (a campaign stopped in
+    its first seconds) left a store no later MLflow call could open ("table ... already exists")."""
+    from mlflow.tracking import MlflowClient
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    tmp = db.with_name(f".{db.name}.{os.getpid()}.{time.monotonic_ns()}.init")
+    try:
+        MlflowClient(tracking_uri="sqlite:///" + tmp.resolve().as_posix()).search_experiments(max_results=1)
+        if not db.exists():
+            os.replace(tmp, db)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _artifact_location(uri: str, experiment: str) -> str | None:
@@ -126,6 +147,14 @@ def _is_transient(exc: BaseException) -> bool:
     if isinstance(code, str):  # MlflowException
         return code not in _PERMANENT_CODES
     return isinstance(exc, OSError)  # connection errors, timeouts (requests errors too)
+
+
+# tags that say how a run stands; a spooled operation of an earlier session (a stopped driver's) that
+# sets them is stale once the run went on: a replay in another session leaves them (and ends) to
+# :meth:`_Sender.mirror`, which sets them from the run-state store
+STATE_TAGS = frozenset({"status", "exit_reason", "state", "exit_code", "bugs", "steps", "outcome", "found_by",
+                        "error", "traceback"})
+STATE_KINDS = frozenset({"end", "close_site", "mirror"})
 
 
 class _Sender:
@@ -182,7 +211,10 @@ class _Sender:
             if exp is None:
                 try:
                     location = _artifact_location(self.uri, name)
-                    self._experiments[name] = self.client.create_experiment(name, location)
+                    # MLflow 3's UI opens an experiment of unknown kind on its GenAI (traces) page: ours are
+                    # runs of a search, one per site, to be read as a table of runs and their curves
+                    self._experiments[name] = self.client.create_experiment(name, location,
+                                                                            tags={EXPERIMENT_KIND: RUNS_KIND})
                     return self._experiments[name]
                 except Exception:  # created meanwhile by another process?
                     exp = self.client.get_experiment_by_name(name)
@@ -218,7 +250,10 @@ class _Sender:
         return run.info.run_id
 
     def _do_start_campaign(self, rec: Record, args: Record) -> None:
-        rid = self._run_id_of(rec) or args.get("resume_run_id") or self._adopt_campaign(rec, args.get("adopt_folder"))
+        # a replayed line adopts the run its folder's earlier session made (the same line, spooled while in
+        # flight, may have reached the server after all): a replay never makes a second parent run
+        folder = args.get("adopt_folder") or (args["tags"].get("run.folder") if rec.get("replay") else None)
+        rid = self._run_id_of(rec) or args.get("resume_run_id") or self._adopt_campaign(rec, folder)
         existing = self._resume(rid) if rid else None
         if rid is None or existing is None:
             rid, existing = self._create(rec, args["tags"]), {}
@@ -258,12 +293,16 @@ class _Sender:
             self._bind(rec, rid)
             return
         resume = args.get("resume_run_id")
-        if not resume and args.get("adopt"):
+        if not resume and (args.get("adopt") or rec.get("replay")):     # never a second run for a site
             resume = self._adopt(rec, args["tags"].get("site.id", ""))
         if resume and self._resume(resume) is not None:
             self._bind(rec, resume)
             return
         parent = self._parent_run_id_of(rec)
+        if not parent and rec.get("replay"):
+            # its campaign run was lost with a stopped driver: the session that resumes the run makes the
+            # site's run under the campaign's (a run at the top level would be an orphan, RUNNING for good)
+            raise _Permanent(f"site {rec['key']!r} has no campaign run")
         if not parent:
             log.warning("tracking: site %r has no campaign run; logged at top level", rec["key"])
         self._create(rec, {**args["tags"], **({PARENT_TAG: parent} if parent else {})})
@@ -288,7 +327,13 @@ class _Sender:
     def _do_close_site(self, rec: Record, args: Record) -> None:
         """End a site run an earlier session may have left RUNNING (its end was lost with the driver)."""
         rid = self._run_id_of(rec) or args.get("run_id") or self._adopt(rec, args["tags"].get("site.id", ""))
-        if not rid:
+        if not rid:              # its run was never made (a driver stopped while MLflow did not answer)
+            parent = self._parent_run_id_of(rec)
+            if not parent:
+                return
+            rid = self._create({**rec, "args": {**args, "run_name": args["tags"].get("site.label", rec["key"])}},
+                               {**args["tags"], PARENT_TAG: parent})
+            self.client.set_terminated(rid, status=args["status"], end_time=rec["ts"])
             return
         self._bind(rec, rid)
         if self.client.get_run(rid).info.status == "RUNNING":
@@ -310,6 +355,38 @@ class _Sender:
                         args.get("tags"))
         if rid:
             self._bind(rec, rid)
+
+    def _do_mirror(self, rec: Record, args: Record) -> None:
+        from orchestrator.observers.mlflow import store_state
+
+        self.mirror(store_state(Path(args["run_dir"])), rec["session"])
+
+    def mirror(self, entries: list, session: str | None = None) -> int:
+        """Make MLflow's runs agree with the run-state store (``entries``: :func:`store_state`): each run's
+        state tags as the store has them, and ended as the store has it ended. A run that agrees already is
+        left as it is (a finished run is never changed); a run the store has live is not ended. Returns how
+        many runs were changed."""
+        from mlflow.entities import RunTag
+
+        changed = 0
+        for key, stored_id, tags, end in entries:
+            rid = stored_id or self.run_ids.get((session, key))
+            if not rid:
+                continue
+            try:
+                run = self.client.get_run(rid)
+            except Exception as exc:
+                if getattr(exc, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
+                    continue
+                raise
+            text = {k: str(v)[:MAX_TAG_VALUE] for k, v in tags.items() if v is not None}
+            want = {k: v for k, v in text.items() if run.data.tags.get(k) != v}
+            if want:
+                self.client.log_batch(rid, tags=[RunTag(k, v) for k, v in want.items()])
+            if end is not None and run.info.status != end:
+                self.client.set_terminated(rid, status=end)
+            changed += bool(want) or (end is not None and run.info.status != end)
+        return changed
 
     def _do_end(self, rec: Record, args: Record) -> None:
         self.client.set_terminated(self._rid(rec), status=args["status"], end_time=rec["ts"])
@@ -342,15 +419,32 @@ def _send(sender: _Sender, rec: Record, tries: int, give_up: Callable[[], bool] 
     return _Outcome.FAILED
 
 
-def _replay_file(sender: _Sender, path: Path, tries: int) -> SpoolReplay:
-    """Send a spool file in order; stop at the first transient failure, keep the rest."""
+def _fresh(rec: Record, session: str | None) -> Record | None:
+    """``rec`` as a replay in ``session`` sends it: as it is when it is that session's own (or ``session`` is
+    ``"*"``); an earlier
+    session's without what says how a run stands (its ends, its state tags: stale once the run went on,
+    which :meth:`_Sender.mirror` sets from the store instead), None when nothing else is left of it."""
+    if session == "*" or (session is not None and rec.get("session") == session):
+        return rec
+    if rec.get("kind") in STATE_KINDS:
+        return None
+    if rec.get("kind") == "set_tags":
+        tags = {k: v for k, v in (rec.get("args") or {}).get("tags", {}).items() if k not in STATE_TAGS}
+        return {**rec, "args": {**rec["args"], "tags": tags}} if tags else None
+    return rec
+
+
+def _replay_file(sender: _Sender, path: Path, tries: int, session: str | None = "*") -> SpoolReplay:
+    """Send a spool file in order (with ``session``, the lines of other sessions without their state:
+    :func:`_fresh`; ``"*"``: every line whole); stop at the first transient failure, keep the rest."""
     if not path.exists():
         return SpoolReplay(0, 0, 0)
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     sent = dropped = 0
     for index, line in enumerate(lines):
         try:
-            outcome = _send(sender, json.loads(line), tries)
+            rec = _fresh(json.loads(line), session)
+            outcome = _send(sender, {**rec, "replay": True}, tries) if rec is not None else _Outcome.DROPPED
         except (ValueError, TypeError, KeyError):
             log.warning("tracking: unreadable spool line dropped: %.200s", line)
             outcome = _Outcome.DROPPED
@@ -365,6 +459,15 @@ def _replay_file(sender: _Sender, path: Path, tries: int) -> SpoolReplay:
     return SpoolReplay(sent, dropped, 0)
 
 
-def replay_spool(uri: str, spool_dir: Path | str, tries: int = TRIES) -> SpoolReplay:
-    """Send ``<spool_dir>/tracking-spool.jsonl`` to ``uri``; unsent lines stay in the file."""
-    return _replay_file(_Sender(uri), Path(spool_dir) / SPOOL_NAME, tries)
+def replay_spool(uri: str, run_dir: Path | str, tries: int = TRIES) -> SpoolReplay:
+    """Send ``<run_dir>/tracking-spool.jsonl`` to ``uri`` (unsent lines stay in the file), then, once all is
+    sent, make MLflow agree with the run's store (:meth:`_Sender.mirror`): the spool holds what a stopped
+    session could not send, and it is sent once, never over what the run became since."""
+    sender = _Sender(uri)
+    store = (Path(run_dir) / "state.db").is_file()       # else no truth to prefer: every line is sent whole
+    result = _replay_file(sender, Path(run_dir) / SPOOL_NAME, tries, session=None if store else "*")
+    if result.left == 0 and store:
+        from orchestrator.observers.mlflow import store_state
+
+        return dataclasses.replace(result, mirrored=sender.mirror(store_state(Path(run_dir))))
+    return result

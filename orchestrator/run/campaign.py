@@ -75,7 +75,7 @@ class RunOutcome:
     run_dir: Path | None
     summary: Path | None
     tracking_uri: str | None
-    findings: int
+    bugs: int                       # the run's bugs (distinct signatures; summary.json lists their findings)
     state: RunState = RunState.COMPLETED
     exit_reason: ExitReason = ExitReason.COMPLETED
     driver: dict = field(default_factory=dict)   # the driver's own bookkeeping: quanta, status changes, seconds
@@ -194,7 +194,7 @@ def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop
                 if options.known_bugs:
                     from orchestrator.run.reuse import replay_known_bugs
 
-                    replay_known_bugs(ctl, root, uri)
+                    replay_known_bugs(ctl, root)
             else:
                 ctl.restore()
             ctl.run(started=began)
@@ -225,7 +225,7 @@ def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop
     driver = {"sites": len(ctl.sites), "quanta": ctl.quanta, "driver_seconds": round(ctl.driver_seconds, 4),
               "status_changes": ctl.status_changes, "status_seconds": round(ctl.status_seconds, 4),
               "summary_writes": summary_writer.writes, "summary_seconds": round(summary_writer.write_seconds, 4)}
-    return RunOutcome(code, run_dir, summary, uri, ctl.findings(), record.state, record.exit_reason, driver)
+    return RunOutcome(code, run_dir, summary, uri, ctl.bugs(), record.state, record.exit_reason, driver)
 
 
 def _finish(ctl: Controller, record: RunRecord, store: RunStore, run_dir: Path, t0: float, observers: Observers,
@@ -248,12 +248,21 @@ def _finish(ctl: Controller, record: RunRecord, store: RunStore, run_dir: Path, 
 
 def _closing_lines(ctl: Controller, record: RunRecord, run_dir: Path, summary: Path, uri: str | None,
                    observers: Observers) -> list[str]:
-    lines = [f"cdeepfuzz: {ctl.findings()} finding(s); summary: {summary}"]
+    bugs = ctl.bugs()
+    lines = [f"cdeepfuzz: {bugs} bug{'' if bugs == 1 else 's'}; summary: {summary}"]
+    verdict = _expectation(summary)
+    if verdict is not None and record.state is RunState.COMPLETED:
+        if verdict["met"]:
+            lines.append(f"cdeepfuzz: as this campaign expects: {'; '.join(verdict['expected']) or 'no bug'}")
+        else:
+            lines.append("cdeepfuzz: NOT as this campaign expects:"
+                         + "".join(f" missing {m};" for m in verdict["missing"])
+                         + "".join(f" unexpected {u};" for u in verdict["unexpected"]))
     if observers.failures:
         lines.append(f"cdeepfuzz: warning: some records could not be written ({observers.failures}); "
                      f"the run-state store {run_dir / STATE_DB} has everything")
     if uri:
-        lines.append(tracking_line(uri))
+        lines.append(tracking_line(uri, run_dir))
     spooled = spooled_operations(run_dir)
     if spooled:
         lines.append(f"cdeepfuzz: {spooled} MLflow operation(s) were spooled while the tracking server did not "
@@ -267,12 +276,22 @@ def _closing_lines(ctl: Controller, record: RunRecord, run_dir: Path, summary: P
     return lines
 
 
-def tracking_line(uri: str) -> str:
-    """Where to look at the run in MLflow: a server is opened in a browser; a local store needs ``mlflow ui``."""
+def _expectation(summary: Path) -> dict | None:
+    from fuzz_core.io import read_json
+
+    try:
+        return read_json(summary).get("expect")
+    except (OSError, ValueError):
+        return None
+
+
+def tracking_line(uri: str, run_dir: Path | None = None) -> str:
+    """Where to look at the run in MLflow: a server is opened in a browser; a local store has no server:
+    ``cdeepfuzz ui`` starts one on it, at the campaign's experiment."""
     if uri.startswith(("http://", "https://")):
         return f"cdeepfuzz: MLflow: open {uri} in a browser"
     if uri.startswith(("sqlite:", "file:")) or "://" not in uri and not uri.startswith("databricks"):
-        return f"cdeepfuzz: mlflow ui --backend-store-uri {uri}"    # a local store: its UI is started by hand
+        return f"cdeepfuzz: MLflow: cdeepfuzz ui {run_dir}" if run_dir else f"cdeepfuzz: MLflow: cdeepfuzz ui"
     return f"cdeepfuzz: MLflow tracking: {uri}"              # databricks, postgresql://, ...: the store's own UI
 
 
@@ -296,7 +315,7 @@ def exit_code(ctl: Controller, record: RunRecord) -> int:
     if (any(t.status is SiteStatus.ERROR for t in ctl.targets.values())
             or any(s.status is SiteStatus.ERROR for s in ctl.sites.values())):
         return EXIT_TARGET
-    return EXIT_FINDINGS if ctl.findings() else EXIT_OK
+    return EXIT_FINDINGS if ctl.bugs() else EXIT_OK
 
 
 def _observers(campaign: Campaign, run_dir: Path, root: Path, store: RunStore, record: RunRecord,
@@ -311,7 +330,7 @@ def _observers(campaign: Campaign, run_dir: Path, root: Path, store: RunStore, r
                     started=t0)
     summary = SummaryObserver(run_dir, store, record, started=t0)
     chain: list[Observer] = [summary, ParquetObserver(root, campaign.name, run_dir.name, campaign.search.strategy),
-                             BugStoreObserver(root), MetricsObserver(campaign.name, options.metrics)]
+                             BugStoreObserver(root, campaign.name), MetricsObserver(campaign.name, options.metrics)]
     tracking = None
     if uri:
         from orchestrator.observers.mlflow import MlflowObserver
