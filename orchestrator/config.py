@@ -113,6 +113,39 @@ class PrecisionConfig(_Model):
         return Precision(self.autocast, self.grad_scaler, self.policy)
 
 
+class ExpectedBug(_Model):
+    """A bug a campaign is written to find: at the op of one of its targets (the catalogue's row: ``log``,
+    ``log_grad`` for a backward hazard, ``half_overflow`` ...), on a line of that target's file."""
+
+    target: str
+    op: str
+    line: int | None = Field(None, ge=1, description="the line of the user's call in the target's entry file")
+    column: int | None = Field(None, ge=1, description="its column, where one line holds two such calls")
+    phase: Literal["forward", "backward", "update"] | None = None
+
+    def matches(self, bug: dict[str, Any], path: str | None) -> bool:
+        """``bug`` (as ``summary.json`` lists it) is this one (``path``: the target's entry file)."""
+        location = str(bug.get("location", ""))
+        file, _, line = location.rpartition(":")
+        return (self.target in (bug.get("targets") or []) and bug.get("op") == self.op
+                and (self.phase is None or bug.get("phase") == self.phase)
+                and (self.column is None or bug.get("column") == self.column)
+                and (self.line is None or (line.isdigit() and int(line) == self.line
+                                           and (path is None or file == path))))
+
+    def __str__(self) -> str:
+        where = (f" at line {self.line}" + (f":{self.column}" if self.column else "")) if self.line else ""
+        return f"{self.op}{f' ({self.phase})' if self.phase else ''} in {self.target}{where}"
+
+
+class Expect(_Model):
+    """What a campaign is written to find (its example's promise): ``cdeepfuzz run`` says whether the run
+    found exactly these bugs, no more, and ``summary.json`` keeps the verdict (``expect``). Campaigns of
+    a user's own programs leave it out."""
+
+    bugs: list[ExpectedBug] = Field(default_factory=list)
+
+
 class Campaign(_Model):
     name: str = Field(pattern=SAFE_NAME, max_length=80)
     targets: list[TargetConfig] = Field(min_length=1)
@@ -125,6 +158,7 @@ class Campaign(_Model):
     output: str = "runs"
     tracking: Tracking = Field(default_factory=Tracking)
     precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
+    expect: Expect | None = None
 
     @model_validator(mode="after")
     def _unique_targets(self) -> "Campaign":
@@ -133,7 +167,29 @@ class Campaign(_Model):
             if t.name in seen:
                 raise ValueError(f"targets: two targets are named {t.name!r}")
             seen.add(t.name)
+        for i, bug in enumerate(self.expect.bugs if self.expect else []):
+            if bug.target not in seen:
+                raise ValueError(f"expect.bugs[{i}].target: no target is named {bug.target!r}")
         return self
+
+    def expectation(self, bugs: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Whether the run's ``bugs`` are exactly what :attr:`expect` says (None when it says nothing):
+        ``met``, and the expected bugs ``missing`` and the run's bugs ``unexpected``, in words."""
+        if self.expect is None:
+            return None
+        files = {t.name: entry_path(t.entry) for t in self.targets}
+        missing = [str(e) for e in self.expect.bugs if not any(e.matches(b, files[e.target]) for b in bugs)]
+        unexpected = [f"{b.get('op')} ({b.get('phase')}) at {b.get('position')} in {', '.join(b.get('targets') or [])}"
+                      for b in bugs if not any(e.matches(b, files[e.target]) for e in self.expect.bugs)]
+        return {"met": not missing and not unexpected, "expected": [str(e) for e in self.expect.bugs],
+                "missing": missing, "unexpected": unexpected}
+
+
+def entry_path(entry: str) -> str | None:
+    """The file an entry names, as written (``campaigns/targets/x.py``: the path its op sites' locations
+    carry when the campaign runs from the folder it is written for); None for a ``pkg.module`` entry."""
+    module, _ = split_entry(entry)
+    return Path(module).as_posix() if module.endswith(".py") else None
 
 
 def _format_error(path: Path, err: dict) -> str:
