@@ -37,15 +37,14 @@ def flag(value: Any) -> bool:
 
 def slope(losses: Sequence[float]) -> float:
     """Least-squares slope (loss per step) of the finite losses, by position in the trace;
-    nan with fewer than two finite points."""
-    y = np.asarray(floats(losses), dtype=float)
-    x = np.arange(y.size, dtype=float)
-    ok = np.isfinite(y)
-    if ok.sum() < 2:
+    nan with fewer than two finite points. (Plain floats: a window is a few dozen losses, where
+    NumPy's per-call cost is most of the work, at every report of every site.)"""
+    points = [(i, v) for i, v in enumerate(floats(losses)) if math.isfinite(v)]
+    if len(points) < 2:
         return math.nan
-    x, y = x[ok] - x[ok].mean(), y[ok]
-    with np.errstate(all="ignore"):
-        s = float(np.sum(x * (y - y.mean())) / np.sum(x * x))
+    x_mean = sum(i for i, _ in points) / len(points)
+    y_mean = sum(v for _, v in points) / len(points)          # inf on overflow, as NumPy's: then nan below
+    s = sum((i - x_mean) * (v - y_mean) for i, v in points) / sum((i - x_mean) ** 2 for i, _ in points)
     return s if math.isfinite(s) else math.nan
 
 
@@ -99,11 +98,10 @@ def is_plateau(losses: Sequence[float], tol: float, log_space: bool = False) -> 
     """True when the finite losses fell by at most ``tol`` of the margin (flat or rising,
     see :func:`small_fall`); False when too few, or at the boundary."""
     trace = floats(losses)
-    y = np.asarray([v for v in trace if math.isfinite(v)], dtype=float)
-    if y.size < 3:
+    y = [v for v in trace if math.isfinite(v)]
+    if len(y) < 3:
         return False
-    with np.errstate(all="ignore"):
-        level = float(np.mean(np.abs(y)))
+    level = sum(abs(v) for v in y) / len(y)
     s = slope(trace)
     if not math.isfinite(level) or level == 0 or math.isnan(s):
         return False
