@@ -55,7 +55,7 @@ from fuzz_core.reproducer import TEST_FILE
 log = logging.getLogger(__name__)
 
 __all__ = ["BUGS_DIR", "STATES", "BugDatabase", "TriageState", "after_occurrence", "after_replay", "parse_state",
-           "triage_state", "Occurrence", "SaveResult", "find_output", "rebuild_index", "record_finding",
+           "triage_state", "Occurrence", "SaveResult", "find_output", "rebuild_index", "record_finding", "reproducer_folder",
            "size_key"]
 
 class TriageState(str, Enum):
@@ -322,6 +322,11 @@ class BugDatabase:
 def triage_state(record: dict[str, Any]) -> str:
     """A bug record's triage state (``new`` until someone set one)."""
     return str((record.get("triage") or {}).get("state") or TRIAGE_NEW)
+
+
+def reproducer_folder(output: Path | str, sig: str) -> Path:
+    """Where the smallest reproducer of bug ``sig`` lies in an output folder."""
+    return Path(output) / BUGS_DIR / sig / REPRODUCER
 
 
 def record_finding(output: Path | str, finding_folder: Path | str, campaign: str | None = None) -> SaveResult | None:

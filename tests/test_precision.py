@@ -95,8 +95,9 @@ def test_linear_overflow_found_under_fp16_precision_only_and_clean_in_fp32():
     assert overflow["value"] > 65504.0 and overflow["excess"] == pytest.approx(overflow["value"] / 65504.0)
     assert overflow["excess"] > 1
     assert report["scaler_skips"] is None
-    line = finding_lines(site.label, finding, "f")[0]
-    assert "precision-only (float16)" in line and line.startswith(f"FOUND {site.label}: half_overflow (forward)")
+    line = finding_lines(finding, "f")[0]
+    assert "precision-only (float16)" in line and line.startswith(f"BUG: half_overflow (forward) at {site.position}")
+    assert "x float16's largest finite value" in line, line
     # the same values in fp32: finite
     _, r32 = runner("make_linear")
     assert not r32.check(finding.inputs, finding.step_seed).event
@@ -324,13 +325,13 @@ def test_precision_columns_of_a_finding_row():
                 first_op=None, trigger="inputs", training=True, bounds={"x": (0.0, 1.0)})
     scaled = Finding(**base, precision=SCALED.to_dict(), precision_only=False, scaler_skips=7,
                      overflow={"dtype": "float16", "value": None, "limit": None, "excess": None})
-    cols = precision_columns(scaled)
+    cols = precision_columns(scaled.report())
     assert cols == {"precision": "fp16+grad_scaler", "precision_only": False, "overflow_dtype": "float16",
                     "overflow_value": None, "overflow_limit": None, "overflow_excess": None, "scaler_skips": 7}
     assert set(cols) <= set(FINDING_SCHEMA.names)
-    assert precision_columns(Finding(**base)) == {}                    # float32: the columns stay null
+    assert precision_columns(Finding(**base).report()) == {}           # float32: the columns stay null
     keras = Finding(**base, precision=Precision(policy="mixed_bfloat16").to_dict(), precision_only=None)
-    assert precision_columns(keras)["precision"] == "mixed_bfloat16"
+    assert precision_columns(keras.report())["precision"] == "mixed_bfloat16"
     validator = jsonschema.Draft202012Validator(schema("finding.json"))
     for f in (scaled, Finding(**base), keras):
         validator.validate(json.loads(json.dumps(f.report())))

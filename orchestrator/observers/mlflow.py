@@ -33,8 +33,7 @@ from fuzz_core.sites import position_of
 from fuzz_core.status import RunState, SiteStatus
 from orchestrator.config import params
 from orchestrator.observers.base import Observer
-from fuzz_core.dedupe import BugDatabase, triage_state
-from orchestrator.observers.bugstore import reproducer_folder
+from fuzz_core.dedupe import reproducer_folder, triage_state
 from orchestrator.run.records import at_site
 from orchestrator.wording import site_outcome
 
@@ -70,6 +69,7 @@ class MlflowObserver(Observer):
         self._target_counts: dict[str, Counter] = {}
         self._last_refresh = 0.0
         self._bug_runs: dict[str, str] = {}     # signature -> its child run's key (above max_site_runs sites)
+        self._occurrence: dict[str, str] = {}   # signature -> the key of the run of the site it is at
         self._bugs: set[str] = set()            # the run's bugs so far
 
     # -- the campaign ---------------------------------------------------------------------------
@@ -115,16 +115,24 @@ class MlflowObserver(Observer):
         self.refresh_ids()
 
     # -- sites ------------------------------------------------------------------------------------
-    def quantum(self, rec, result) -> None:
-        if self.per_site:
-            rows = []
-            for p in result.trace:
-                rows += [("suspect_loss", p.suspect_loss, p.step), ("best_loss", p.best_loss, p.step),
-                         ("grad_norm", p.grad_norm, p.step)]
-            self.tracker.log_metrics(rec.site.id, rows)
-        else:
-            self.tracker.log_metrics(f"target:{rec.site.target}", [(f"best_loss.{rec.site.id}", rec.best_loss,
-                                                                    rec.steps)])
+    def export_metrics(self, by_site: dict[str, list[tuple[int, list]]], timeout: float) -> bool:
+        """The loss curves of an export (:mod:`orchestrator.observers.exporter`: per site, its quanta's commit
+        times and trace points), one batch per run and commit time; True once MLflow has them (sent, or spooled
+        while it does not answer) within ``timeout`` seconds."""
+        targets = {rec.site.id: rec.site.target for rec in self.sites}
+        by_target: dict[str, list[tuple]] = {}
+        for site_id, quanta in by_site.items():
+            if self.per_site:
+                self.tracker.log_metrics(site_id, [(name, value, step, at) for at, points in quanta
+                                                   for step, loss, best, grad, *_ in points
+                                                   for name, value in (("suspect_loss", loss), ("best_loss", best),
+                                                                       ("grad_norm", grad))])
+            elif site_id in targets:        # the site's best loss after each of its quanta, on its target's run
+                by_target.setdefault(targets[site_id], []).extend(
+                    (f"best_loss.{site_id}", points[-1][2], points[-1][0], at) for at, points in quanta if points)
+        for target, rows in by_target.items():
+            self.tracker.log_metrics(f"target:{target}", rows)
+        return self.tracker.flush(timeout)
 
     def finding(self, rec, finding, folder: Path) -> None:
         """A finding's files go to the run of the site whose search found it (under ``finding/`` for the bug
@@ -145,7 +153,6 @@ class MlflowObserver(Observer):
                                                                       "status": "found", "site.target": site.target,
                                                                       "site.id": site.id})
             self.tracker.log_artifacts(key, folder, artifact_path="finding")
-            self._note_bug(finding, key)
             self.tracker.end(key, "FINISHED")
             return
         if own:
@@ -154,7 +161,8 @@ class MlflowObserver(Observer):
         else:
             self.tracker.log_artifacts(site.id, folder, artifact_path=f"passed/{Path(folder).name}")
             self.tracker.set_tags(site.id, {"passed": ", ".join(Path(p).name for p in rec.passed)})
-        self._note_bug(finding, at.site.id if at is not None and at.site.id in self._started_or_known() else None)
+        if at is not None and at.site.id in self._started_or_known():
+            self._occurrence[finding.signature] = at.site.id
 
     def _started_or_known(self) -> set[str]:
         return self._started | {rec.site.id for rec in self.sites if rec.mlflow_run_id}
@@ -169,17 +177,18 @@ class MlflowObserver(Observer):
                 "flaky": str(bool(finding.flaky)).lower(), "replays": f"{replays[0]}/{replays[1]}",
                 **({"notes": "; ".join(finding.notes)} if finding.notes else {})}
 
-    def _note_bug(self, finding, occurrence_key: str | None) -> None:
-        """Mirror the bug's record of the bug database (written before this observer hears of the finding)."""
-        bug = finding.bug
-        record = BugDatabase(self.root).fetch(finding.signature) or {}
-        self.tracker.note_bug(finding.signature, f"{bug.op} {bug.position}",
-                              {"bug.op": bug.op, "bug.position": bug.position, "bug.phase": bug.phase,
-                               "hazard": bug.hazard, "targets": ", ".join(record.get("targets") or [finding.site.target]),
+    def bug_recorded(self, signature: str, record: dict[str, Any]) -> None:
+        """Mirror a bug's record of the bug database (``record``: as the exporter has just updated it): its
+        run in ``cdeepfuzz-bugs``, linked from the run of the site it is at."""
+        key = self._bug_runs.get(signature) or self._occurrence.get(signature)
+        position = record.get("position") or record.get("location")
+        self.tracker.note_bug(signature, f"{record.get('op')} {position}",
+                              {"bug.op": record.get("op"), "bug.position": position, "bug.phase": record.get("phase"),
+                               "hazard": record.get("hazard"), "targets": ", ".join(record.get("targets") or []),
                                "triage": triage_state(record),
                                "triage.note": (record.get("triage") or {}).get("note"),
-                               "reproducer": str(reproducer_folder(self.root, finding.signature).resolve())},
-                              occurrence_key)
+                               "reproducer": str(reproducer_folder(self.root, signature).resolve())},
+                              key)
 
     def site_changed(self, rec, before) -> None:
         counts = self._target_counts.setdefault(rec.site.target, Counter())

@@ -8,8 +8,9 @@ names, never inside the files)::
     findings/campaign=<campaign>/part-<run>-<site id>.parquet
 
 One trace shard is written per ``write_traces`` call and per site; one small file per
-finding. A campaign names each quantum's shard by the site's first step in it, so a quantum
-run again after ``--resume`` replaces its shard instead of adding a second copy. Every write goes to a hidden temporary name in the same folder
+finding. A campaign's exporter writes a shard per site per export (every few seconds), named by the
+site's first step in it, so rows exported again (after a driver was killed) replace their shard
+instead of adding a second copy. Every write goes to a hidden temporary name in the same folder
 (``.part-….parquet.tmp``), is fsynced, then renamed with ``os.replace``: a reader never
 sees a half-written file under its final name, and a temporary left by a hard crash is
 ignored by pyarrow, pandas (their discovery skips names starting with ``.`` or ``_``)
@@ -75,7 +76,6 @@ DuckDB. ``read_traces``/``read_findings`` always return the documented schema.
 from __future__ import annotations
 
 import datetime as dt
-import math
 import os
 import re
 import threading
@@ -88,7 +88,6 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from orchestrator.observers.base import Observer
 
 __all__ = [
     "FINDING_PARTITIONING",
@@ -96,6 +95,8 @@ __all__ = [
     "TRACE_PARTITIONING",
     "TRACE_SCHEMA",
     "ParquetStore",
+    "finding_row",
+    "precision_columns",
     "read_findings",
     "read_traces",
     "validate_component",
@@ -309,50 +310,38 @@ def read_findings(root: Path | str, campaign: str | None = None) -> pa.Table:
     return _read(Path(root) / FINDINGS_DIR, FINDING_SCHEMA, FINDING_PARTITIONING, filters)
 
 
-class ParquetObserver(Observer):
-    """Writes each quantum's trace and each finding's row."""
-
-    def __init__(self, root: Path | str, campaign: str, run: str, strategy: str) -> None:
-        self.store = ParquetStore(root, campaign, run)
-        self.strategy = strategy
-
-    def quantum(self, rec, result) -> None:
-        if result.trace:
-            site = rec.site
-            rows = [{"site_id": site.id, "target": site.target, "op": site.op, "step": p.step,
-                     "suspect_loss": _float(p.suspect_loss), "best_loss": _float(p.best_loss),
-                     "grad_norm": _float(p.grad_norm), "strategy": self.strategy, "event": p.event,
-                     "triggered": p.triggered, "wall_s": p.wall_s} for p in result.trace]
-            self.store.write_traces(rows, part=f"{result.trace[0].step:09d}")
-
-    def finding(self, rec, finding, folder) -> None:
-        first = finding.first_op or {}
-        mini = finding.minimised or {}
-        batch = next(iter(finding.inputs.values())).shape[0] if finding.inputs else 0
-        flaky = bool(getattr(finding, "flaky", False))
-        self.store.write_finding({
-            "site_id": finding.site.id, "target": finding.site.target, "op": finding.site.op,
-            "hazard": finding.site.hazard, "location": finding.site.location, "signature": finding.signature,
-            "steps": finding.step, "seconds": finding.seconds, "trigger": finding.trigger,
-            "training": finding.training, "first_op": first.get("kind", ""),
+def finding_row(report: dict[str, Any], folder: str) -> dict[str, Any]:
+    """A finding's row of ``FINDING_SCHEMA``, from its ``finding.json`` (``folder``: relative to the run
+    folder's parent, ``<run>/findings/<name>``)."""
+    site = report.get("site") or {}
+    first = report.get("first_op") or {}
+    mini = report.get("minimised") or {}
+    batch = int(report.get("batch_size") or 0)
+    flaky = bool(report.get("flaky", False))
+    bug = report.get("bug") or {}
+    return {"site_id": site.get("id"), "target": site.get("target"), "op": bug.get("op") or site.get("op"),
+            "hazard": bug.get("hazard") or report.get("hazard"), "location": bug.get("location") or site.get("location"),
+            "signature": report.get("signature"), "steps": int(report.get("step", 0)),
+            "seconds": float(report.get("seconds") or 0.0), "trigger": report.get("trigger"),
+            "training": bool(report.get("training")), "first_op": first.get("kind", ""),
             "first_op_location": first.get("location", ""),
-            "batch_size": int(mini.get("original_batch_size", batch)), "minimised_size": int(batch),
-            "folder": f"{Path(folder).parent.name}/{Path(folder).name}", "status": "flaky" if flaky else "found",
-            "exit_reason": "triggered_flaky" if flaky else "triggered",
-            "phase": str(getattr(finding, "phase", "forward")), **precision_columns(finding)})
+            "batch_size": int(mini.get("original_batch_size", batch) or batch), "minimised_size": batch,
+            "folder": folder, "status": "flaky" if flaky else "found",
+            "exit_reason": "triggered_flaky" if flaky else "triggered", "phase": str(report.get("phase") or "forward"),
+            **precision_columns(report)}
 
 
-def precision_columns(finding) -> dict[str, Any]:
-    """The mixed-precision columns of a finding's row (every one null in a float32 campaign)."""
-    precision = getattr(finding, "precision", None) or {}
+def precision_columns(report: dict[str, Any]) -> dict[str, Any]:
+    """The mixed-precision columns of a finding's row (every one null in a float32 campaign), from its report."""
+    precision = report.get("precision") or {}
     word = precision.get("autocast") or precision.get("policy")
     if not word:
         return {}
     if precision.get("grad_scaler"):
         word += "+grad_scaler"
-    overflow = getattr(finding, "overflow", None) or {}
-    skips = getattr(finding, "scaler_skips", None)
-    only = getattr(finding, "precision_only", None)
+    overflow = report.get("overflow") or {}
+    skips = report.get("scaler_skips")
+    only = report.get("precision_only")
     return {"precision": word, "precision_only": None if only is None else bool(only),
             "overflow_dtype": overflow.get("dtype"), "overflow_value": _number(overflow.get("value")),
             "overflow_limit": _number(overflow.get("limit")), "overflow_excess": _number(overflow.get("excess")),
@@ -362,6 +351,3 @@ def precision_columns(finding) -> dict[str, Any]:
 def _number(x: Any) -> float | None:
     return None if x is None else float(x)
 
-
-def _float(x: Any) -> float:
-    return float(x) if x is not None and math.isfinite(x) else float("nan")

@@ -2,7 +2,8 @@
 run-state store.
 
 Written atomically when the run starts, at most every ``interval_s`` seconds while something
-changed (not at every status change: a rewrite costs O(sites)), and when the run ends, so a
+changed (not at every status change: a rewrite costs O(sites); by the exporter's thread, off the
+controller's loop: :mod:`orchestrator.observers.exporter`), and when the run ends, so a
 killed run still leaves a readable summary a few seconds old (the store, ``state.db``, is
 exact). The JSON Schema is ``orchestrator/schemas/summary.schema.json``.
 
@@ -99,11 +100,12 @@ class SummaryObserver(Observer):
         self.writes = 0
         self.write_seconds = 0.0
 
-    def write(self) -> Path:
+    def write(self, store: RunStore | None = None) -> Path:
+        """Write it from ``store`` (default: the controller's; the exporter passes its own connection)."""
         t = time.perf_counter()
+        store = store or self.store
         seconds = self.run.seconds if self.run.state is not RunState.RUNNING else self.clock() - self.started
-        data = build_summary(self.run, self.store.targets(), self.store.sites(), self.store.known_bugs(), seconds,
-                             self.store.findings())
+        data = build_summary(self.run, store.targets(), store.sites(), store.known_bugs(), seconds, store.findings())
         atomic_write_json(self.path, data)
         self._dirty, self._last = False, self.clock()
         self.writes += 1
@@ -121,11 +123,12 @@ class SummaryObserver(Observer):
     def sites_ready(self, sites) -> None:
         self.write()
 
-    def tick(self) -> None:
-        # at least every interval_s, and never more than ~5% of the time (a large campaign's file is big)
+    def tick_from(self, store: RunStore) -> None:
+        """From the exporter's thread and connection (never the controller's loop): at least every
+        interval_s, and never more than ~5% of the time (a large campaign's file is big)."""
         wait = max(self.interval_s, 20 * self.write_seconds / max(1, self.writes))
         if self._dirty and self.clock() - self._last >= wait:
-            self.write()
+            self.write(store)
 
     # run_ended: the run's last act is an explicit write(), once every other observer has ended (the
     # MLflow run ids are known then).

@@ -105,10 +105,11 @@ def _str_tags(tags: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def _metric_rows(rows: Iterable[tuple[str, float, int]], ts: int) -> list[list[Any]]:
-    """``[name, value, step, timestamp]`` rows; inf clamped, non-numbers skipped."""
+def _metric_rows(rows: Iterable[tuple], ts: int) -> list[list[Any]]:
+    """``[name, value, step, timestamp]`` rows (``ts`` unless a row carries its own, fourth); inf clamped,
+    non-numbers skipped."""
     out = []
-    for name, value, step in rows:
+    for name, value, step, *own in rows:
         try:
             number = float(value)
         except (TypeError, ValueError):
@@ -116,7 +117,7 @@ def _metric_rows(rows: Iterable[tuple[str, float, int]], ts: int) -> list[list[A
             continue
         if math.isinf(number):
             number = math.copysign(sys.float_info.max, number)
-        out.append([_safe_key(name), number, int(step), ts])
+        out.append([_safe_key(name), number, int(step), int(own[0]) if own else ts])
     return out
 
 
@@ -227,9 +228,10 @@ class Tracker:
         self._put("close_site", key, self._campaign_key, tags=_str_tags(tags), status=status, run_id=run_id)
 
     @_never_raise
-    def log_metrics(self, key: str, rows: Iterable[tuple[str, float, int]]) -> None:
-        """Log ``(name, value, step)`` rows in batches; inf clamped, non-numbers skipped."""
-        metrics = _metric_rows(rows, int(time.time() * 1000))
+    def log_metrics(self, key: str, rows: Iterable[tuple[str, float, int]], timestamp_ms: int | None = None) -> None:
+        """Log ``(name, value, step)`` rows in batches; inf clamped, non-numbers skipped. ``timestamp_ms``: the
+        time they are stamped with (default now; a fixed one makes the same rows sent twice one copy in MLflow)."""
+        metrics = _metric_rows(rows, int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms))
         if metrics:
             self._put("log_metrics", key, metrics=metrics)
 

@@ -22,6 +22,7 @@ import traceback
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from fuzz_core.engine import TargetSpec
 from fuzz_core.io import atomic_write_json
@@ -67,6 +68,8 @@ class RunOptions:
     metrics: bool = True            # export live Ray metrics (when connected to Ray)
     known_bugs: bool = True         # the reuse phase: replay the known bugs of the targets first
     observers: list[Observer] = field(default_factory=list)   # more subscribers (benchmarks, tests)
+    executor: Any = None            # what runs the quanta (default: Ray's actors, or this process): a
+                                    # benchmark's simulated actors measure the driver alone
 
 
 @dataclass
@@ -148,8 +151,8 @@ def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop
     root = resume_dir.parent if resume_dir is not None else Path(output)
     local = options.local or campaign.resources.num_actors == 0
     specs = target_specs(campaign)
-    executor = (LocalExecutor(worker_options(campaign), campaign.quantum_timeout_s, stop) if local
-                else _ray_executor(campaign, options.address, stop))
+    executor = options.executor or (LocalExecutor(worker_options(campaign), campaign.quantum_timeout_s, stop)
+                                    if local else _ray_executor(campaign, options.address, stop))
     found: dict = {}
     if previous is None:
         try:
@@ -167,6 +170,8 @@ def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop
         store = RunStore(run_dir / STATE_DB)
     else:
         run_dir = resume_dir
+    if hasattr(executor, "bind_run_folder"):      # actors that see the run folder write into it themselves
+        executor.bind_run_folder(run_dir)
     if campaign.tracking.enabled and uri is None:
         uri = resolve_tracking_uri(None, output=root)
     record = previous or RunRecord(campaign.name, str(path), campaign.model_dump(), run_dir.as_posix(), now(),
@@ -218,11 +223,13 @@ def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop
         finally:
             summary = _finish(ctl, record, store, run_dir, t0, observers, summary_writer, tracking, stop)
             executor.shutdown()
+            ctl.close()
             store.close()
         code = record.exit_code
         for line in _closing_lines(ctl, record, run_dir, summary, uri, observers):
             observers.message(line)
     driver = {"sites": len(ctl.sites), "quanta": ctl.quanta, "driver_seconds": round(ctl.driver_seconds, 4),
+              "loop_seconds": round(ctl.loop_seconds, 4),
               "status_changes": ctl.status_changes, "status_seconds": round(ctl.status_seconds, 4),
               "summary_writes": summary_writer.writes, "summary_seconds": round(summary_writer.write_seconds, 4)}
     return RunOutcome(code, run_dir, summary, uri, ctl.bugs(), record.state, record.exit_reason, driver)
@@ -320,27 +327,26 @@ def exit_code(ctl: Controller, record: RunRecord) -> int:
 
 def _observers(campaign: Campaign, run_dir: Path, root: Path, store: RunStore, record: RunRecord,
                uri: str | None, options: RunOptions, t0: float):
-    from orchestrator.observers.bugstore import BugStoreObserver
+    from orchestrator.observers.exporter import Exporter
     from orchestrator.observers.metrics import MetricsObserver
-    from orchestrator.observers.parquet import ParquetObserver
     from orchestrator.observers.progress import LiveView
     from orchestrator.observers.summary import SummaryObserver
 
     view = LiveView(campaign.name, campaign.search.max_steps, campaign.time_limit_s, options.progress, options.live,
                     started=t0)
     summary = SummaryObserver(run_dir, store, record, started=t0)
-    chain: list[Observer] = [summary, ParquetObserver(root, campaign.name, run_dir.name, campaign.search.strategy),
-                             BugStoreObserver(root, campaign.name), MetricsObserver(campaign.name, options.metrics)]
-    tracking = None
+    chain: list[Observer] = [summary, MetricsObserver(campaign.name, options.metrics)]
+    tracking = mlflow = None
     if uri:
         from orchestrator.observers.mlflow import MlflowObserver
         from orchestrator.observers.tracking import Tracker
 
         tracker = Tracker(uri, campaign.name, run_dir)
-        observer = MlflowObserver(tracker, campaign, run_dir, root, record)
-        chain.append(observer)
-        tracking = (tracker, observer)
-    chain += [view, *options.observers]
+        mlflow = MlflowObserver(tracker, campaign, run_dir, root, record)
+        tracking = (tracker, mlflow)
+    # before the MLflow observer: its last export sends the curves before the runs end
+    chain.append(Exporter(run_dir, root, campaign.name, campaign.search.strategy, mlflow, summary))
+    chain += [o for o in (mlflow, view, *options.observers) if o is not None]
     return Observers(chain), view, summary, tracking
 
 

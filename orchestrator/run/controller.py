@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import queue
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ from typing import Any, Callable, Iterator
 
 from fuzz_core.engine import TargetSpec
 from fuzz_core.findings import finding_folder, write_finding
-from fuzz_core.io import atomic_save_arrays, atomic_write_json, load_arrays, read_json
+from fuzz_core.io import load_arrays, read_json
 from fuzz_core.search import SearchConfig
 from fuzz_core.sites import OpSite
 from fuzz_core.status import ExitReason, SiteStatus
@@ -39,7 +41,7 @@ from orchestrator.run.records import FindingRecord, RunRecord, SiteRecord, Targe
 from orchestrator.run.state import RunStore
 from orchestrator.run.stopping import StopRequest, StopRun
 from orchestrator.scheduler import Action, Allocation, SiteProgress, make_scheduler
-from orchestrator.worker import QuantumOutcome, Resume, TargetFailure
+from orchestrator.worker import QuantumOutcome, Resume, RunFolder, TargetFailure, save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +103,7 @@ class RecordedScheduler:
     def on_progress(self, progress: SiteProgress) -> None:
         with self.store.transaction():
             self.scheduler.on_progress(progress)
-            self._logged("on_progress", dataclasses.asdict(progress))
+            self._logged("on_progress", {**progress.__dict__, "losses": list(progress.losses)})
 
     def retire(self, site_id: str, status: str) -> None:
         with self.store.transaction():
@@ -223,6 +225,7 @@ class Controller:
                  stop: StopRequest | None = None) -> None:
         self.campaign = campaign
         self.run_dir = Path(run_dir)
+        self._absolute = self.run_dir.resolve().as_posix()
         self.executor = executor
         self.specs = specs
         self.config = config
@@ -246,8 +249,13 @@ class Controller:
         self._checkpointed_s: dict[str, float] = {}    # site id -> its search seconds at its last checkpoint
         self.quanta = 0                  # results handled, and the driver's own seconds (all but the waits)
         self.driver_seconds = 0.0
+        self.loop_seconds = 0.0          # the loop's wall time, waits included
         self.status_changes = 0          # how many, and the driver's seconds spent on them (store and observers)
         self.status_seconds = 0.0
+        self._dirty: dict[str, SiteRecord] = {}   # records changed in the open transaction
+        self._pruned = 0                 # the traces of the store's outbox pruned up to (exported already)
+        self._deleter: queue.SimpleQueue[list[str]] = queue.SimpleQueue()   # checkpoints of final sites
+        threading.Thread(target=self._remove_checkpoints, name="cdeepfuzz-cleanup", daemon=True).start()
         self._bugs: dict[str, str] = {}  # signature -> the folder of its first finding in this run
         self._flaky: dict[str, bool] = {}   # finding folder -> flaky
 
@@ -265,9 +273,13 @@ class Controller:
         try:
             with self.store.transaction():
                 yield
+                if self._depth == 1 and self._dirty:     # each record changed in it, written once
+                    self.store.put_sites([(r, self._order[r.site.id]) for r in self._dirty.values()])
+                    self._dirty.clear()
         except BaseException:
             if self._depth == 1:
                 self._events, self._garbage = [], []
+                self._dirty.clear()
             raise
         finally:
             self._depth -= 1
@@ -275,10 +287,15 @@ class Controller:
             return
         events, self._events = self._events, []
         garbage, self._garbage = self._garbage, []
-        for ref in garbage:
-            self._remove_checkpoint(ref)
+        if garbage:
+            self._deleter.put(garbage)
         for event in events:
             event()
+
+    def _touch(self, rec: SiteRecord) -> None:
+        """``rec`` changed: the store gets it as it is when the transaction ends (one write per record per
+        transaction, however often it changed in it)."""
+        self._dirty[rec.site.id] = rec
 
     # -- the one place where a site's status changes -------------------------------------------
     def set_status(self, rec: SiteRecord, status: SiteStatus, reason: ExitReason = ExitReason.NONE, *,
@@ -300,7 +317,7 @@ class Controller:
                 self._garbage.append(rec.checkpoint)
                 rec.checkpoint = None
         with self._txn():
-            self.store.put_site(rec, self._order[rec.site.id])
+            self._touch(rec)
             self.store.transition(rec)
             self._events.append(lambda: self._notify_change(rec, before))
         self.status_changes += 1
@@ -344,7 +361,7 @@ class Controller:
         self._order[rec.site.id] = len(self._order)
         self.sites[rec.site.id] = rec
         self.scheduler.add_site(rec.site.id, steps_used=rec.steps)
-        self.store.put_site(rec, self._order[rec.site.id])
+        self._touch(rec)
         self._events.append(lambda: self.observers.site_added(rec))
 
     def restore(self) -> None:
@@ -392,6 +409,7 @@ class Controller:
         if hasattr(self.executor, "deadline"):
             self.executor.deadline = deadline
         stop = self.stop_request
+        began = time.perf_counter()
         try:
             while not self.scheduler.done and stop.reason is None:
                 if time.monotonic() > deadline:
@@ -402,8 +420,9 @@ class Controller:
                 waited = time.perf_counter()
                 done = self.executor.wait(WAIT_S)
                 waited = time.perf_counter() - waited
-                for task, outcome in done:
-                    self._handle(task, outcome)
+                with self._txn():             # every result of the turn in one transaction, one commit
+                    for task, outcome in done:
+                        self._handle(task, outcome)
                 self.observers.tick()
                 self._persist_learned()
                 self.quanta += len(done)
@@ -412,6 +431,8 @@ class Controller:
             stop.request(exc.reason)
         except KeyboardInterrupt:
             stop.request(ExitReason.INTERRUPTED)
+        finally:
+            self.loop_seconds += time.perf_counter() - began
         if stop.reason is not None:
             self._stop_live(stop.reason)
 
@@ -446,7 +467,7 @@ class Controller:
                     if rec.status is SiteStatus.PENDING:
                         self.set_status(rec, SiteStatus.SEARCHING)     # writes the record too
                     else:
-                        self.store.put_site(rec, self._order[rec.site.id])
+                        self._touch(rec)
                     tasks.append(self._task(rec, decision.action is Action.REFRESH, decision.steps, decision.reach_steps))
         for task in tasks:
             self.executor.submit(task)
@@ -456,8 +477,12 @@ class Controller:
         resume = Resume(source, tuple((int(n), bool(r)) for n, r in rec.since), rec.steps)
         due = len(rec.since) + 1 >= CHECKPOINT_QUANTA or rec.seconds - self._checkpointed_s.get(rec.site.id, 0.0) \
             >= CHECKPOINT_S
+        into = None
+        if getattr(self.executor, "writes_run_folder", False):   # the worker writes, the loop only records
+            slot = self._slot(rec) if due else None
+            into = RunFolder(f"{self._absolute}/{FINDINGS}", f"{self._absolute}/{slot}" if slot else None)
         return Task(rec.site, self.specs[rec.site.target], self.config, steps, refresh=refresh, resume=resume,
-                    want_checkpoint=due, probe_steps=reach_steps)
+                    want_checkpoint=due, probe_steps=reach_steps, into=into)
 
     # -- results ----------------------------------------------------------------------------------
     def _handle(self, task: Task, outcome: QuantumOutcome | BaseException) -> None:
@@ -486,17 +511,22 @@ class Controller:
                 self._events.append(lambda: self.observers.message(failures.describe(f"site {rec.site.label}", failure)))
                 return
             log.info("%s: %s; resuming from its checkpoint", rec.site.label, outcome)
-            self.store.put_site(rec, self._order[rec.site.id])
+            self._touch(rec)
             self.scheduler.on_progress(SiteProgress(rec.site.id, rec.steps, (), rec.best_loss, False))
 
     def _quantum(self, rec: SiteRecord, out: QuantumOutcome) -> None:
         result = out.result
         self._reported = True
         finding = self._known_as(out.finding) if out.finding is not None else None
-        folder = self._write_finding(finding) if finding is not None else None
+        folder = None
+        if finding is not None:
+            folder = Path(out.folder) if out.folder else self._write_finding(finding)
+            if out.folder and finding is not out.finding:      # a known bug's new lines: its record says so
+                write_finding(finding, folder, display=folder)
         with self._txn():
-            if out.checkpoint is not None:
-                rec.checkpoint = self._write_checkpoint(rec, out.checkpoint)
+            if out.checkpoint_file is not None or out.checkpoint is not None:
+                rec.checkpoint = (Path(out.checkpoint_file).relative_to(self._absolute).as_posix()
+                                  if out.checkpoint_file else self._write_checkpoint(rec, out.checkpoint))
                 rec.since = []
                 self._checkpointed_s[rec.site.id] = result.seconds
             elif not result.status.final:             # a resume runs it again from the checkpoint
@@ -507,6 +537,7 @@ class Controller:
             rec.best_loss = min(rec.best_loss, result.best_loss)
             if result.trace:
                 rec.last_loss = result.trace[-1].suspect_loss
+                self.store.put_trace(rec.site.id, int(time.time() * 1000), result.trace)   # the exporter's outbox
             at = None                                 # the site the finding's bug is at (rec: its own op)
             if finding is not None:
                 where = folder.relative_to(self.run_dir).as_posix()
@@ -529,7 +560,7 @@ class Controller:
                                                     status.finding, log_space=result.log_space,
                                                     outside=out.outside))
             if not status.final:                      # else _retire's set_status writes the record
-                self.store.put_site(rec, self._order[rec.site.id])
+                self._touch(rec)
             self._events.append(lambda: self.observers.quantum(rec, result))
             if finding is not None:
                 self._events.append(lambda: self.observers.finding(rec, finding, folder))
@@ -574,7 +605,7 @@ class Controller:
         elif at.inflight is None:
             self._retire(at, status, reason)
         else:
-            self.store.put_site(at, self._order[at.site.id])
+            self._touch(at)
 
     def _retire(self, rec: SiteRecord, status: SiteStatus, reason: ExitReason, *, error: str | None = None,
                 traceback: str | None = None) -> None:
@@ -604,26 +635,32 @@ class Controller:
             write_finding(finding, folder, display=folder)
         return folder
 
-    def _write_checkpoint(self, rec: SiteRecord, checkpoint) -> str:
+    @staticmethod
+    def _slot(rec: SiteRecord) -> str:
         """Two slots per site, used in turn: the new checkpoint never replaces the one the store names
         until the transaction that names it commits (a driver killed in between resumes from the old)."""
-        arrays, meta = checkpoint
         slot = "b" if rec.checkpoint and rec.checkpoint.endswith(".a.safetensors") else "a"
-        name = f"{rec.site.id}.{slot}"
-        folder = self.run_dir / CHECKPOINTS
-        atomic_save_arrays(folder / f"{name}.safetensors", arrays)
-        atomic_write_json(folder / f"{name}.json", meta)
-        return f"{CHECKPOINTS}/{name}.safetensors"
+        return f"{CHECKPOINTS}/{rec.site.id}.{slot}.safetensors"
 
-    def _remove_checkpoint(self, ref: str | None) -> None:
-        """Both slots of a final site's checkpoint."""
-        if not ref:
-            return
-        path = self.run_dir / ref
-        base = path.name.split(".", 1)[0]
-        for slot in ("a", "b"):
-            for suffix in (".safetensors", ".json"):
-                (path.parent / f"{base}.{slot}{suffix}").unlink(missing_ok=True)
+    def _write_checkpoint(self, rec: SiteRecord, checkpoint) -> str:
+        """A checkpoint a worker sent back (it does not see the run folder), into the site's free slot."""
+        slot = self._slot(rec)
+        save_checkpoint(self.run_dir / slot, checkpoint)
+        return slot
+
+    def _remove_checkpoints(self) -> None:
+        """Both slots of each final site's checkpoint, off the loop (a file left by a killed driver is never
+        read: the store names the checkpoints that count)."""
+        while True:
+            refs = self._deleter.get()
+            if refs is None:
+                return
+            for ref in refs:
+                path = self.run_dir / ref
+                base = path.name.split(".", 1)[0]
+                for slot in ("a", "b"):
+                    for suffix in (".safetensors", ".json"):
+                        (path.parent / f"{base}.{slot}{suffix}").unlink(missing_ok=True)
 
     # -- the end ------------------------------------------------------------------------------------
     def finish_targets(self) -> None:
@@ -636,7 +673,7 @@ class Controller:
                 target.status, target.exit_reason = target_rollup(target, by_target.get(target.name, []))
                 self.store.put_target(target, index)
             for rec in self.sites.values():
-                self.store.put_site(rec, self._order[rec.site.id])
+                self._touch(rec)
             self.scheduler.snapshot()
             self.store.put_run(self.record)
 
@@ -647,11 +684,15 @@ class Controller:
             return
         self._persisted_at = now
         changed = [rec for rec in self.sites.values() if rec.mlflow_run_id != self._stored_ids.get(rec.site.id)]
+        exported = _exported(self.run_dir)
         with self._txn():
             for rec in changed:
-                self.store.put_site(rec, self._order[rec.site.id])
+                self._touch(rec)
             if changed or self.record.mlflow_run_id != self._stored_ids.get(None):
                 self.store.put_run(self.record)
+            if exported > self._pruned:          # the traces the exporter has put in Parquet and MLflow
+                self.store.prune_traces(exported)
+                self._pruned = exported
         self._stored_ids.update({rec.site.id: rec.mlflow_run_id for rec in changed})
         self._stored_ids[None] = self.record.mlflow_run_id
 
@@ -659,8 +700,12 @@ class Controller:
         """Persist every site and the run as they are now (what observers learned: MLflow run ids)."""
         with self._txn():
             for rec in self.sites.values():
-                self.store.put_site(rec, self._order[rec.site.id])
+                self._touch(rec)
             self.store.put_run(self.record)
+
+    def close(self) -> None:
+        """The run is over: the clean-up thread deletes what is queued, then stops."""
+        self._deleter.put(None)
 
     def bugs(self) -> int:
         """The run's bugs: distinct signatures among its findings."""
@@ -702,6 +747,14 @@ def _outcome_status(result, finding, own: bool = True) -> tuple[SiteStatus, Exit
     if status is SiteStatus.TIMEOUT:
         return status, ExitReason.QUANTUM_TIMEOUT, None
     return SiteStatus.SEARCHING, ExitReason.NONE, None
+
+
+def _exported(run_dir: Path) -> int:
+    """The exporter's watermark of the traces (:mod:`orchestrator.observers.exporter`), 0 when none yet."""
+    try:
+        return int(read_json(run_dir / "exported.json").get("traces", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
 
 
 def _failure_of(outcome: BaseException) -> failures.Failure:

@@ -21,6 +21,10 @@ Tables (``STORE_VERSION`` in ``meta``):
   and replays only the calls logged after it (the whole log when there is none, or it is unusable);
 - ``transitions``: every change of a site's status, in order (site, status, exit reason, steps, time);
 - ``known_bugs``: what the reuse phase found when it replayed the known bugs of the campaign's targets;
+- ``traces``: each quantum's trace (its points as JSON), committed with the quantum: the outbox that
+  :mod:`orchestrator.observers.exporter` turns into Parquet shards and MLflow metrics, a few seconds
+  later and off the controller's loop, from its watermark (``exported.json``): a driver killed before
+  they were exported exports them when it resumes; rows below the watermark are pruned;
 - ``findings``: every confirmed finding, in order (its folder, the site whose search found it, its
   step, its bug as JSON, its size): the occurrences of the run's bugs, which
   :func:`orchestrator.run.records.run_bugs` groups by signature for every output of the run.
@@ -31,6 +35,7 @@ the summary writer) never block the writer.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sqlite3
@@ -71,6 +76,8 @@ CREATE TABLE IF NOT EXISTS transitions(
 CREATE TABLE IF NOT EXISTS known_bugs(signature TEXT PRIMARY KEY, ord INTEGER NOT NULL, record TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS findings(
     folder TEXT PRIMARY KEY, ord INTEGER NOT NULL, signature TEXT NOT NULL, record TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS traces(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, site_id TEXT NOT NULL, at INTEGER NOT NULL, points TEXT NOT NULL);
 """
 
 
@@ -102,6 +109,12 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, default=_plain)
 
 
+@functools.lru_cache(maxsize=None)
+def _site_json(site: OpSite) -> str:
+    """A site's JSON (a site never changes: its record is rewritten at every quantum, its site is not)."""
+    return _dumps(site.to_dict())
+
+
 class RunStore:
     """One run's state. The controller's instance writes; :meth:`open_readonly` gives readers theirs."""
 
@@ -129,6 +142,7 @@ class RunStore:
             raise StoreError(f"{self.path}: store version {version and version[0]}, this CDeepFuzz reads "
                              f"{STORE_VERSION}")
         self._depth = 0
+        self._deferred: dict[str, list[tuple]] = {}
         self._lock = threading.RLock()
         self._seq = self._scalar("SELECT COALESCE(MAX(seq), 0) FROM scheduler_log") if not readonly else 0
         self.commits = 0
@@ -155,15 +169,34 @@ class RunStore:
             self._depth += 1
             try:
                 yield self
+                if outer:
+                    self._flush_deferred()
             except BaseException:
                 self._depth -= 1
                 if outer:
+                    self._deferred.clear()
                     self._db.execute("ROLLBACK")
                     self._seq = self._scalar("SELECT COALESCE(MAX(seq), 0) FROM scheduler_log")
                 raise
             self._depth -= 1
             if outer:
                 self.commit()
+
+    def _defer(self, sql: str, args: tuple) -> None:
+        """A row written with the others of its kind at the transaction's end (``executemany``): the many rows
+        of a turn of the controller's loop (log, traces, transitions) cost one statement each kind."""
+        if self.readonly:
+            raise StoreError(f"{self.path}: opened read-only")
+        if self._depth == 0:
+            with self.transaction():
+                self._deferred.setdefault(sql, []).append(args)
+        else:
+            self._deferred.setdefault(sql, []).append(args)
+
+    def _flush_deferred(self) -> None:
+        for sql, rows in self._deferred.items():
+            self._db.executemany(sql, rows)
+        self._deferred.clear()
 
     def commit(self) -> None:
         """Commit the open transaction (a seam for tests that kill the driver at a commit)."""
@@ -208,16 +241,26 @@ class RunStore:
         return [TargetRecord(r[0], r[1], r[2], SiteStatus(r[3]), ExitReason(r[4]), r[5], r[6], r[7], json.loads(r[8]))
                 for r in rows]
 
+    _PUT_SITE = ("INSERT OR REPLACE INTO sites(id, ord, site, status, exit_reason, steps, seconds, best_loss, last_loss, "
+                 "finding, error, traceback, checkpoint, deaths, timeouts, mlflow_run_id, inflight, updated, reach, since, "
+                 "passed, found_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+
     def put_site(self, rec: SiteRecord, order: int) -> None:
-        self._write(
-            "INSERT OR REPLACE INTO sites(id, ord, site, status, exit_reason, steps, seconds, best_loss, last_loss, "
-            "finding, error, traceback, checkpoint, deaths, timeouts, mlflow_run_id, inflight, updated, reach, since, "
-            "passed, found_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (rec.site.id, order, _dumps(rec.site.to_dict()), rec.status.value, rec.exit_reason.value, rec.steps,
-             rec.seconds, _real(rec.best_loss), _real(rec.last_loss), rec.finding, rec.error, rec.traceback,
-             rec.checkpoint, rec.deaths, rec.timeouts, rec.mlflow_run_id,
-             _dumps(rec.inflight) if rec.inflight else None, now(), _dumps(rec.reach) if rec.reach else None,
-             _dumps(rec.since) if rec.since else None, _dumps(rec.passed) if rec.passed else None, rec.found_by))
+        self.put_sites([(rec, order)])
+
+    def put_sites(self, recs: list[tuple[SiteRecord, int]]) -> None:
+        """Site records as they are now (one statement for all of them)."""
+        stamp = now()
+        rows = [(rec.site.id, order, _site_json(rec.site), rec.status.value, rec.exit_reason.value, rec.steps,
+                 rec.seconds, _real(rec.best_loss), _real(rec.last_loss), rec.finding, rec.error, rec.traceback,
+                 rec.checkpoint, rec.deaths, rec.timeouts, rec.mlflow_run_id,
+                 _dumps(rec.inflight) if rec.inflight else None, stamp, _dumps(rec.reach) if rec.reach else None,
+                 _dumps(rec.since) if rec.since else None, _dumps(rec.passed) if rec.passed else None, rec.found_by)
+                for rec, order in recs]
+        if self.readonly:
+            raise StoreError(f"{self.path}: opened read-only")
+        with self.transaction():
+            self._db.executemany(self._PUT_SITE, rows)
 
     def _columns(self, table: str) -> set[str]:
         return {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
@@ -237,7 +280,7 @@ class RunStore:
                 for r in rows]
 
     def transition(self, rec: SiteRecord) -> None:
-        self._write("INSERT INTO transitions(site_id, status, exit_reason, steps, at) VALUES (?, ?, ?, ?, ?)",
+        self._defer("INSERT INTO transitions(site_id, status, exit_reason, steps, at) VALUES (?, ?, ?, ?, ?)",
                     (rec.site.id, rec.status.value, rec.exit_reason.value, rec.steps, now()))
 
     def transitions(self, site_id: str | None = None) -> list[tuple[str, str, str, int]]:
@@ -255,7 +298,7 @@ class RunStore:
     def log_call(self, call: str, args: dict[str, Any]) -> int:
         """Append one scheduler call to the log (inside the caller's transaction); its sequence number."""
         self._seq += 1
-        self._write("INSERT INTO scheduler_log VALUES (?, ?, ?)", (self._seq, call, _dumps(args)))
+        self._defer("INSERT INTO scheduler_log VALUES (?, ?, ?)", (self._seq, call, _dumps(args)))
         return self._seq
 
     def scheduler_log(self, after: int = 0) -> list[tuple[str, dict[str, Any]]]:
@@ -314,6 +357,25 @@ class RunStore:
                                      bool(d.get("flaky")), (int(replays.get("reproduced", 1)), int(replays.get("of", 1))),
                                      d.get("precision_only"), str(d.get("created") or ""), d.get("overflow")))
         return out
+
+    # -- traces (the outbox of the Parquet and MLflow exports) ------------------------------------
+    def put_trace(self, site_id: str, at_ms: int, points: list) -> None:
+        """A quantum's trace (:class:`fuzz_core.search.TracePoint` rows), in the quantum's transaction."""
+        rows = [[p.step, p.suspect_loss, p.best_loss, p.grad_norm, p.event, bool(p.triggered), p.wall_s]
+                for p in points]
+        self._defer("INSERT INTO traces(site_id, at, points) VALUES (?, ?, ?)", (site_id, int(at_ms), _dumps(rows)))
+
+    def traces_after(self, seq: int, limit: int = 200_000) -> list[tuple[int, str, int, list]]:
+        """(seq, site id, commit time in ms, points) of the traces committed after ``seq``, in order."""
+        if "traces" not in self._tables():
+            return []
+        rows = self._db.execute("SELECT seq, site_id, at, points FROM traces WHERE seq > ? ORDER BY seq LIMIT ?",
+                                (int(seq), int(limit))).fetchall()
+        return [(s, site, at, json.loads(points)) for s, site, at, points in rows]
+
+    def prune_traces(self, upto: int) -> None:
+        """Drop the traces exported already (seq <= ``upto``): they live in Parquet and MLflow now."""
+        self._write("DELETE FROM traces WHERE seq <= ?", (int(upto),))
 
     def _tables(self) -> set[str]:
         return {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
