@@ -21,6 +21,7 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,8 @@ from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_f
 from fuzz_core.errors import INTERNAL_HINT, classify
 from fuzz_core.loader import EntryError
 from fuzz_core.out_of_reach import probe
-from fuzz_core.findings import Finding
+from fuzz_core.findings import Finding, finding_folder, write_finding
+from fuzz_core.io import atomic_save_arrays, atomic_write_json
 from fuzz_core.search import QuantumResult, SearchConfig, SiteSearch
 from fuzz_core.sites import OpSite
 from fuzz_core.status import ExitReason, SiteStatus
@@ -97,7 +99,8 @@ class CatchUpMismatch(RuntimeError):
 @dataclass
 class QuantumOutcome:
     """Everything a quantum produced, sent back to the controller (a checkpoint only when the task
-    asked for one, and never for a final quantum)."""
+    asked for one, and never for a final quantum). A worker that writes into the run folder itself
+    (:class:`RunFolder`) returns where it wrote the finding and the checkpoint instead of their data."""
 
     site_id: str
     result: QuantumResult
@@ -107,6 +110,41 @@ class QuantumOutcome:
     kept: Any = None          # where the worker runs, a reference to the site's checkpoint (Ray's object store)
     outside: bool | None = None   # the out-of-box probe the task asked for: did the site's own op fire? (None: none ran)
     probe_steps: int = 0          # steps that probe ran (beyond the site's budget)
+    folder: str | None = None             # the finding's folder, written by the worker
+    checkpoint_file: str | None = None    # the checkpoint's arrays file, written by the worker
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """Where a worker that sees the run folder writes what a quantum produced, so that the controller's loop
+    only records it: ``findings``, the findings folder (a finding's own folder is chosen there:
+    :func:`fuzz_core.findings.finding_folder`); ``checkpoint``, the arrays file of the checkpoint slot the
+    controller wants filled (None: no checkpoint is due)."""
+
+    findings: str
+    checkpoint: str | None = None
+
+
+def save_checkpoint(arrays_file: Path, checkpoint: Checkpoint) -> None:
+    """A checkpoint's two files, each atomic: its arrays, then its meta beside them (``.json``)."""
+    arrays, meta = checkpoint
+    atomic_save_arrays(arrays_file, arrays)
+    atomic_write_json(arrays_file.with_suffix(".json"), meta)
+
+
+def write_into(folder: RunFolder | None, outcome: QuantumOutcome) -> QuantumOutcome:
+    """Write ``outcome``'s finding and checkpoint into the run folder (when the worker sees it), and say where."""
+    if folder is None:
+        return outcome
+    if outcome.finding is not None:
+        where, there = finding_folder(Path(folder.findings), outcome.finding)
+        if not there:
+            write_finding(outcome.finding, where, display=where)
+        outcome.folder = str(where)
+    if outcome.checkpoint is not None and folder.checkpoint:
+        save_checkpoint(Path(folder.checkpoint), outcome.checkpoint)
+        outcome.checkpoint, outcome.checkpoint_file = None, folder.checkpoint
+    return outcome
 
 
 class TargetFailure(Exception):

@@ -22,7 +22,7 @@ from fuzz_core.sites import OpSite
 from fuzz_core.status import ExitReason
 from orchestrator.run.replays import KnownBug, ReplayOutcome, replay_known
 from orchestrator.run.stopping import StopRun
-from orchestrator.worker import QuantumOutcome, Resume, TargetFailure, Worker, WorkerOptions
+from orchestrator.worker import QuantumOutcome, Resume, RunFolder, TargetFailure, Worker, WorkerOptions, write_into
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class Task:
     resume: Resume | None = None      # for a worker that does not hold the site live (None: a new search)
     want_checkpoint: bool = True      # send the site's checkpoint back (the controller asks at its cadence)
     probe_steps: int = 0              # then probe it outside its bounds for this many steps (the scheduler asks)
+    into: RunFolder | None = None     # a worker that sees the run folder writes the finding and checkpoint there
     started: float = field(default_factory=time.monotonic)
     actor: int = -1
 
@@ -95,6 +96,7 @@ class LocalExecutor:
     def __init__(self, options: WorkerOptions, quantum_timeout_s: float = 0.0, stop=None) -> None:
         self.worker = Worker(options)
         self.slots = 1
+        self.writes_run_folder = True         # the driver's own process: it sees the run folder
         self.timeout = quantum_timeout_s
         self.stop = stop
         self.deadline: float | None = None     # the campaign's time limit (monotonic): a quantum stops there too
@@ -137,7 +139,7 @@ class LocalExecutor:
             with interruptible, time_limit(limit):
                 outcome = self.worker.run(task.spec, task.site, task.config, task.steps, task.refresh,
                                           task.resume, task.want_checkpoint, task.probe_steps)
-            return [(task, outcome)]
+            return [(task, write_into(task.into, outcome))]
         except _OverTime:
             self._forget(task)
             if limit < self.timeout:                 # the campaign's time limit, not the quantum's

@@ -28,7 +28,9 @@ from fuzz_core.sites import OpSite
 from orchestrator.run.executors import ActorDied, QuantumTimeout, Task, discovery_timeout
 from orchestrator.run.replays import KnownBug, ReplayOutcome, replay_known
 from orchestrator.run.stopping import StopRun
-from orchestrator.worker import ASK, NeedsResume, QuantumOutcome, Resume, TargetFailure, Worker, WorkerOptions
+from orchestrator.worker import (
+    ASK, NeedsResume, QuantumOutcome, Resume, TargetFailure, Worker, WorkerOptions, write_into,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,15 @@ class SiteActor:
             return NeedsResume(task.site.id)
         if self.keep and not task.want_checkpoint and out.checkpoint is not None:
             out.kept, out.checkpoint = ray.put(out.checkpoint), None
-        return out
+        return write_into(task.into, out)
+
+    def sees(self, path: str, token: str) -> bool:
+        """Whether this actor sees the file ``path`` the driver wrote (the run folder is on a disk they share)."""
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return fh.read() == token
+        except OSError:
+            return False
 
     def replay(self, bugs: list[KnownBug]) -> list[ReplayOutcome]:
         return [replay_known(self.worker, bug) for bug in bugs]
@@ -104,6 +114,8 @@ def _with_gpu_share(options: WorkerOptions) -> WorkerOptions:
 
 
 class RayExecutor:
+    writes_run_folder = False      # until bind_run_folder has seen every actor see it
+
     def __init__(self, options: WorkerOptions, num_actors: int, num_cpus: float, num_gpus: float,
                  max_restarts: int, quantum_timeout_s: float, stop=None) -> None:
         self.stop = stop
@@ -124,6 +136,28 @@ class RayExecutor:
         self.affinity: dict[str, int] = {}
         self.held: dict[str, Held] = {}                  # site id -> its latest checkpoint in an actor's store
         self.resent = 0                                  # tasks sent again with the driver's checkpoint
+
+    def bind_run_folder(self, run_dir) -> bool:
+        """Let the actors write findings and checkpoints into the run folder themselves when every one of
+        them sees it (the driver's machine, or a disk every node shares); else they send them back and the
+        driver writes them, as before (workers need no shared disk)."""
+        import uuid
+
+        token = uuid.uuid4().hex
+        marker = os.path.join(str(run_dir), f".actors-see-{token[:8]}")
+        try:
+            with open(marker, "w", encoding="utf-8") as fh:
+                fh.write(token)
+            self.writes_run_folder = all(ray.get([a.sees.remote(marker, token) for a in self.actors], timeout=60))
+        except Exception as exc:  # noqa: BLE001 - the actors send their results back instead
+            log.info("the actors do not write into the run folder (%s): the driver does", exc)
+            self.writes_run_folder = False
+        finally:
+            try:
+                os.unlink(marker)
+            except OSError:
+                pass
+        return self.writes_run_folder
 
     def _strategy(self, index: int):
         if self.placement_group is None:
