@@ -1,15 +1,16 @@
-"""The driver's bookkeeping as a campaign grows: milliseconds per quantum and per status change at 100
-and 1,000 sites, side by side (issue 16).
+"""How many quanta a second one driver takes in, with MLflow on and off, from 100 to 10,000 sites
+(issues 16, 57).
 
-Each campaign runs for real: ``cdeepfuzz run``'s own code path (the run-state store, summary.json,
-MLflow in SQLite, Parquet, the bug store), two Ray actors, synthetic targets of 20 suspect ops each
-(``benchmarks/targets/many_logs.py``: one op in ten a bug, the others spend their budget). The
-driver's time is everything but its waits on the actors (:attr:`Controller.driver_seconds`); a status
-change's time is its store transaction and its observers (:attr:`Controller.status_seconds`).
-summary.json is written at a cadence from the store, so its cost no longer grows with the status
-changes: before this issue it was rewritten in full at every one (34 ms at 200 sites, so quadratic).
+The driver runs ``cdeepfuzz run``'s own code (the run-state store, summary.json, MLflow in SQLite,
+Parquet, the bug store) against simulated actors (``benchmarks/simulated_actors.py``): every quantum
+is answered at once, so what is measured is the driver's own bookkeeping, not the targets. Targets of
+100 suspect ops each, one op in ten a bug (found at its 8th step, a real finding folder written by the
+actor), the others spend ``max_steps``; quanta of ``quantum`` steps; 64 actor slots. Throughput is
+quanta over the campaign's wall time from the first grant to the last result; ms / quantum is its
+inverse. The driver needs 1,000 quanta a second at 1,000 sites with MLflow on (a 64-GPU cluster with
+quick quanta), and the same per-quantum cost at 10,000.
 
-    python benchmarks/driver_scale.py [--sites 100 1000] [--actors 2]
+    python benchmarks/driver_scale.py [--sites 100 1000 10000] [--max-steps 40] [--quantum 4]
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import os
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,78 +27,77 @@ sys.path.insert(0, str(ROOT))
 os.chdir(ROOT)
 
 from benchmarks._results import table, write_section  # noqa: E402
+from benchmarks.simulated_actors import SimulatedActors, write_entry  # noqa: E402
 
-OPS_PER_TARGET = 20
-ENTRY = "benchmarks/targets/many_logs.py:make_target"
+OPS_PER_TARGET = 100
+SLOTS = 64
 
 
-def campaign_file(folder: Path, sites: int, actors: int, max_steps: int) -> Path:
-    targets = "\n".join(f"  - {{name: t{i:03d}, entry: {ENTRY}, args: {{ops: {OPS_PER_TARGET}, bug_every: 10}}}}"
-                        for i in range(sites // OPS_PER_TARGET))
-    path = folder / f"scale-{sites}.yaml"
-    path.write_text(f"name: scale-{sites}\ntargets:\n{targets}\n" + textwrap.dedent(f"""\
+def campaign_file(folder: Path, sites: int, max_steps: int, quantum: int, mlflow: bool) -> Path:
+    entry = write_entry(folder)
+    targets = "\n".join(f"  - {{name: t{i:04d}, entry: '{entry}'}}" for i in range(sites // OPS_PER_TARGET))
+    name = f"scale-{sites}-{'mlflow' if mlflow else 'off'}"
+    path = folder / f"{name}.yaml"
+    path.write_text(f"name: {name}\ntargets:\n{targets}\n" + textwrap.dedent(f"""\
         search: {{strategy: adaptive, max_steps: {max_steps}, seed: 0, minimise: false}}
-        scheduler: {{policy: round-robin, quantum: {max_steps}}}
-        resources: {{num_actors: {actors}, num_cpus: 1, num_gpus: 0}}
+        scheduler: {{policy: share, quantum: {quantum}}}
+        resources: {{num_actors: {SLOTS}, num_cpus: 1, num_gpus: 0}}
         device: cpu
         time_limit_s: 7200
-        output: {folder / f'out-{sites}'}
+        output: {folder / f'out-{name}'}
+        tracking: {{enabled: {str(mlflow).lower()}}}
         """))
     return path
 
 
-def measure(sites: int, actors: int, max_steps: int, folder: Path) -> dict:
+def measure(sites: int, max_steps: int, quantum: int, mlflow: bool, folder: Path) -> dict:
     from orchestrator.config import load_campaign
     from orchestrator.run.campaign import RunOptions, run_campaign
 
-    path = campaign_file(folder, sites, actors, max_steps)
-    outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False))
+    path = campaign_file(folder, sites, max_steps, quantum, mlflow)
+    actors = SimulatedActors(SLOTS, OPS_PER_TARGET, max_steps)
+    t0 = time.perf_counter()
+    outcome = run_campaign(load_campaign(path), path, RunOptions(progress=False, executor=actors, known_bugs=False))
+    wall = time.perf_counter() - t0
     d = dict(outcome.driver)
-    assert d["sites"] == sites, d
-    d["exit_code"] = outcome.exit_code
-    d["ms_per_quantum"] = 1000 * d["driver_seconds"] / max(1, d["quanta"])
-    d["ms_per_status_change"] = 1000 * d["status_seconds"] / max(1, d["status_changes"])
-    d["ms_per_summary_write"] = 1000 * d["summary_seconds"] / max(1, d["summary_writes"])
+    assert d["sites"] == sites and outcome.exit_code == 1, (d, outcome.exit_code)
+    assert outcome.bugs == min(sites, OPS_PER_TARGET) // 10, outcome.bugs   # one bug per line of the program
+    d["wall_s"] = wall
+    d["loop_s"] = d.get("loop_seconds", wall)
+    d["quanta_per_s"] = d["quanta"] / max(1e-9, d["loop_s"])
+    d["ms_per_quantum"] = 1000 * d["loop_s"] / max(1, d["quanta"])
     return d
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sites", type=int, nargs="+", default=[100, 1000])
-    parser.add_argument("--actors", type=int, default=2)
-    parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--sites", type=int, nargs="+", default=[100, 1000, 10000])
+    parser.add_argument("--max-steps", type=int, default=40)
+    parser.add_argument("--quantum", type=int, default=4)
+    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     rows, results = [], {}
     with tempfile.TemporaryDirectory(prefix="cdf-scale-") as tmp:
         for n in args.sites:
-            r = results[n] = measure(n, args.actors, args.max_steps, Path(tmp))
-            print(n, r, flush=True)
-            rows.append([n, r["quanta"], r["status_changes"], f"{r['ms_per_quantum']:.2f}",
-                         f"{r['ms_per_status_change']:.2f}", r["summary_writes"], f"{r['ms_per_summary_write']:.1f}",
-                         f"{r['driver_seconds']:.1f}"])
-    small, large = min(results), max(results)
-    ratio_q = results[large]["ms_per_quantum"] / max(1e-9, results[small]["ms_per_quantum"])
-    ratio_s = results[large]["ms_per_status_change"] / max(1e-9, results[small]["ms_per_status_change"])
-    body = ("## Driver bookkeeping at scale (issue 16)\n\n"
-            f"`cdeepfuzz run` code path, {args.actors} Ray actors, synthetic targets of {OPS_PER_TARGET} suspect "
-            f"ops (`benchmarks/targets/many_logs.py`, one op in ten a bug), `max_steps: {args.max_steps}`, "
-            "MLflow in SQLite (one child run per site up to 100 sites, per target and per finding above). "
-            "Driver time is everything but the waits on the actors; a status change's time is its store "
-            "transaction and its observers.\n\n"
-            + table(["sites", "quanta", "status changes", "driver ms / quantum", "ms / status change",
-                     "summary.json writes", "ms / summary write", "driver s"], rows)
-            + f"\n\nFrom {small} to {large} sites the driver's time per quantum changes {ratio_q:.2f}x and per "
-              f"status change {ratio_s:.2f}x: the bookkeeping per site stays flat. summary.json is written from the "
-              "run-state store every 5 s at most (less often when it is big: under ~5% of the wall time) and at "
-              "the end; before, it was rewritten in full at every status change (34 ms at 200 sites, so the total "
-              f"grew with the square of the sites). At {large} sites its {results[large]['summary_writes']} writes "
-              f"took {results[large]['summary_seconds']:.1f} s of the driver's {results[large]['driver_seconds']:.1f} s; "
-              "the rest of a quantum's cost is its store transactions, its checkpoint and Parquet shard (each "
-              "written atomically and fsynced) and the observers' queues, the same at any size.\n")
+            for mlflow in (True, False):
+                r = results[(n, mlflow)] = measure(n, args.max_steps, args.quantum, mlflow, Path(tmp))
+                print(n, "mlflow" if mlflow else "off", {k: (round(v, 3) if isinstance(v, float) else v)
+                                                         for k, v in r.items()}, flush=True)
+                rows.append([n, "on" if mlflow else "off", r["quanta"], f"{r['quanta_per_s']:.0f}",
+                             f"{r['ms_per_quantum']:.3f}", f"{r['loop_s']:.1f}", f"{r['wall_s']:.1f}"])
+    body = ("## Driver throughput with simulated actors (issues 16, 57)\n\n"
+            f"`cdeepfuzz run`'s code path against simulated actors (`benchmarks/simulated_actors.py`: every quantum "
+            f"answered at once), {SLOTS} actor slots, targets of {OPS_PER_TARGET} suspect ops (one in ten a bug, "
+            f"found at its 8th step), `max_steps: {args.max_steps}`, quanta of {args.quantum} steps, the share "
+            "scheduler, MLflow in SQLite or off. Quanta / s: over the controller's loop, from the first grant to the "
+            "last result.\n\n"
+            + table(["sites", "MLflow", "quanta", "quanta / s", "ms / quantum", "loop s", "run s (start to end)"],
+                    rows) + "\n")
     print(body)
-    write_section("driver-scale", body, script="driver_scale",
-                  args=" ".join(f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-                                for k, v in vars(args).items()))
+    if not args.no_write:
+        write_section("driver-scale", body, script="driver_scale",
+                      args=f"--sites {' '.join(map(str, args.sites))} --max-steps {args.max_steps} "
+                           f"--quantum {args.quantum}")
     return 0
 
 
