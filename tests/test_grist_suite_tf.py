@@ -197,6 +197,7 @@ def test_the_suite_keeps_a_stepped_past_finding_in_a_folder_of_its_own(tmp_path)
     passed, own = out["sites"]
     assert passed["status"] == "stepped past" and passed["own"] is False and own["own"] is True
     assert passed["first_op"]["location"].endswith(":36") and own["first_op"]["location"].endswith(":35")
-    assert passed["finding"] != own["finding"] and "-passed-" in passed["finding"]
+    assert passed["finding"] != own["finding"]                    # one folder per finding, named by its bug's op
+    assert passed["finding"].endswith(f"-s{passed['candidate_step']}") and own["finding"].endswith(f"-s{own['candidate_step']}")
     assert passed["fresh_replay"] and own["fresh_replay"] and own["steps"] > passed["steps"]
     assert suite.at_bug(own, bug) and not suite.at_bug(passed, bug)

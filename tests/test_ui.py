@@ -57,11 +57,11 @@ def test_ui_names_the_experiment_and_serves_a_local_store(tracked_run: Path, mon
     client, experiment = _experiment(tracked_run)
     client.delete_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND)       # one made before: told so here
     started = []
-    monkeypatch.setattr(subprocess, "run", lambda cmd, check=False: started.append(cmd))
+    monkeypatch.setattr(os, "execv", lambda exe, cmd: started.append(cmd))
     res = CliRunner().invoke(app, ["ui", str(tracked_run), "--port", "5123"])
     assert res.exit_code == 0, res.output
     assert f"http://127.0.0.1:5123/#/experiments/{experiment.experiment_id}" in res.output
-    ((*_, host, _h, port),) = [cmd[-4:] for cmd in started]
+    ((*_, _host, _h, port),) = [cmd[-4:] for cmd in started]
     assert started[0][1:4] == ["-m", "mlflow", "ui"] and port == "5123"
     assert client.get_experiment(experiment.experiment_id).tags[EXPERIMENT_KIND] == RUNS_KIND
     missing = CliRunner().invoke(app, ["ui", str(tracked_run.parent / "nope")])

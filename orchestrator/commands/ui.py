@@ -8,7 +8,7 @@ MLflow's start page (MLflow 3 opens on its GenAI pages); experiments CDeepFuzz c
 """
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -59,8 +59,7 @@ def serve(folder: Path | None, host: str, port: int, say: Callable[[str], None])
         say(f"MLflow: {experiment_url(uri, experiment.experiment_id)}")
         return
     say(f"MLflow UI: {experiment_url(f'http://{host}:{port}', experiment.experiment_id)} (Ctrl-C to stop)")
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
-    try:
-        subprocess.run(cmd, check=False)
-    except KeyboardInterrupt:
-        pass
+    sys.stdout.flush()
+    # this process becomes MLflow's UI (a signal that stops it stops the UI: no server left behind)
+    os.execv(sys.executable, [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host,
+                              "--port", str(port)])
