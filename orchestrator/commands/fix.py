@@ -53,6 +53,24 @@ def fix(folder: Path, budget: int, trust: bool = False, device: str = "cpu",
     return section
 
 
+def shown(section: dict[str, Any]) -> list[str]:
+    """What ``cdeepfuzz fix`` prints: the verdict in one line (the diff's guard, or "no fix for the ...: why."),
+    each guard tried (or not written, and why), the patch, and where MLflow recorded it."""
+    out = [section["message"]]
+    for attempt in section.get("attempts", []):
+        residual = attempt.get("residual") or {}
+        if attempt["status"] == "no patch":
+            out.append(f"  - {attempt['guard']['description']}: not written: {attempt.get('why')}")
+            continue
+        out.append(f"  - {attempt['guard']['description']}: {attempt['status']} ({attempt['steps']} steps)"
+                   + (f": {residual.get('explanation')}" if residual else ""))
+    if section.get("diff"):
+        out.append(section["diff"].rstrip("\n"))
+    if (section.get("mlflow") or {}).get("message"):
+        out.append(section["mlflow"]["message"])
+    return out
+
+
 def _update(folder: Path, section: dict[str, Any]) -> None:
     from fuzz_core.findings import REPORT
     from fuzz_core.io import atomic_write_json, read_json
