@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import difflib
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -99,34 +100,49 @@ def patch(guard: Guard, roots: tuple[Path | str, ...] = (".",)) -> tuple[dict[st
     if file is None:
         return None, f"{path} is not found here (run `cdeepfuzz fix` in the folder the campaign ran in)"
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_bytes().decode("utf-8")          # line ends as they are (a CRLF file stays one)
         tree = ast.parse(text)
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
         return None, f"{path} cannot be read as Python ({type(exc).__name__}: {exc})"
-    lines = text.splitlines(keepends=True)
+    lines = _LINE.findall(text)
     if line > len(lines):
         return None, f"{path} has no line {line}"
-    names = _torch_names(tree)
     calls = [n for n in ast.walk(tree) if getattr(n, "lineno", None) == line and _op_of(n) == guard.op
              and (guard.column is None or _column(lines, n) == guard.column)]
-    code = lines[line - 1].strip()
     if not calls:
         at = f" at column {guard.column}" if guard.column else ""
-        return None, (f"no call of {guard.op} starts{at} on line {line} of {path} (`{code}`) in a form the guard "
-                      f"can rewrite (torch.{guard.op}(...), .{guard.op}(), an operator)")
+        return None, (f"no call of {guard.op} starts{at} on line {line} of {path} (`{lines[line - 1].strip()}`) "
+                      f"in a form the guard can rewrite (torch.{guard.op}(...), .{guard.op}(), an operator)")
+    names = _torch_names(tree)
     found = [(n, _match(guard, n, names, f"line {line} of {path}")) for n in calls]
     rewrites = [(n, m) for n, m in found if callable(m)]
     if not rewrites:
         return None, next(m for _, m in found if isinstance(m, str))
     end = max(n.end_lineno for n, _ in rewrites)
+    before, after = _rewritten(lines[line - 1:end], line, rewrites)
+    if after == before:
+        return None, f"the guard leaves line {line} of {path} as it is"
     block = "".join(lines[line - 1:end])
-    body = block.rstrip("\r\n").encode("utf-8")
+    new_lines = lines[:line - 1] + _LINE.findall(block.replace(before, after, 1)) + lines[end:]
+    diff = "".join(difflib.unified_diff(lines, new_lines, f"a/{path}", f"b/{path}", n=1))
+    if not diff.endswith("\n"):
+        diff += "\n\\ No newline at end of file\n"
+    return {"path": path, "line": line, "before": before.strip(), "after": after.strip(), "diff": diff}, ""
+
+
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\n|\r)|[^\r\n]+$")      # a line and its end, as Python counts lines
+
+
+def _rewritten(block: list[str], first: int, rewrites: list) -> tuple[str, str]:
+    """The text of the lines ``block`` (the first is line ``first``) without their last line end, before
+    and after each node of ``rewrites`` is replaced by its rewrite (nested ones inside it too)."""
+    body = "".join(block).rstrip("\r\n").encode("utf-8")       # ast's offsets are UTF-8 bytes
     starts = [0]
-    for raw in lines[line - 1:end]:
+    for raw in block:
         starts.append(starts[-1] + len(raw.encode("utf-8")))
 
     def offset(lineno: int, col: int) -> int:
-        return starts[lineno - line] + col
+        return starts[lineno - first] + col
 
     spans = [(offset(n.lineno, n.col_offset), offset(n.end_lineno, n.end_col_offset), m) for n, m in rewrites]
 
@@ -139,17 +155,7 @@ def patch(guard: Guard, roots: tuple[Path | str, ...] = (".",)) -> tuple[dict[st
         out.append(body[pos:hi].decode("utf-8"))
         return "".join(out)
 
-    before = body.decode("utf-8")
-    after = render(0, len(body))
-    if after == before:
-        return None, f"the guard leaves line {line} of {path} as it is"
-    new = block.replace(before, after, 1)
-    old_lines = lines
-    new_lines = lines[:line - 1] + new.splitlines(keepends=True) + lines[end:]
-    diff = "".join(difflib.unified_diff(old_lines, new_lines, f"a/{path}", f"b/{path}", n=1))
-    if not diff.endswith("\n"):
-        diff += "\n\\ No newline at end of file\n"
-    return {"path": path, "line": line, "before": before.strip(), "after": after.strip(), "diff": diff}, ""
+    return body.decode("utf-8"), render(0, len(body))
 
 
 def _column(lines: list[str], node) -> int:

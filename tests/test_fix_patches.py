@@ -84,3 +84,14 @@ def test_no_patch_says_why(tmp_path):
     root = _file(tmp_path, "import torch\ndef g(x):\n    (x + 1).log_()\n")
     assert patch(Guard("clamp_min", "log", "prog.py:3", {"lo": EPS}), (root,))[1] == (
         "the in-place log_ writes into an expression, which the guard cannot clamp in place")
+
+
+def test_a_file_with_crlf_line_ends_keeps_them(tmp_path):
+    (tmp_path / "prog.py").write_bytes(b"import torch\r\ndef f(x):\r\n    return torch.log(x)\r\n")
+    got, _ = patch(Guard("clamp_min", "log", "prog.py:3", {"lo": EPS}, column=12), (tmp_path,))
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "fix.diff").write_bytes(got["diff"].encode())
+    applied = subprocess.run(["git", "apply", "fix.diff"], cwd=tmp_path, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stderr
+    assert (tmp_path / "prog.py").read_bytes() == (b"import torch\r\ndef f(x):\r\n"
+                                                  b"    return torch.log(x.clamp_min(1.1920929e-07))\r\n")
