@@ -655,8 +655,54 @@ def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET,
     if not calls:
         return none("it is not called from Python code (it runs inside a fused or C++ function called there), "
                     "so no guard at that call reaches it")
+    attempts = _attempts(suggest(target.op, target.location, _merge(calls), target.column), roots,
+                         lambda guard: verify(runner, site, loaded, guard, budget, report.get("strategy", "adaptive"),
+                                              int(t.get("seed", 0)), weights))
+    tried = [a for a in attempts if a.status != "no patch"]
+    if not tried:
+        return none(f"no guard can be written as a patch of its line, as {attempts[-1].why}" if attempts else
+                    f"there is no guard for {target.op}", attempts)
+    return _write(folder, report, {**fix, **_verdict(folder, target, attempts, budget), "probe": calls[:8]})
+
+
+def _verdict(folder: Path, target: Guarded, attempts: list[Attempt], budget: int) -> dict[str, Any]:
+    """The ``fix`` section's verdict when guards were tried: the first verified one, with its patch
+    (written to ``fix.diff``), or none and what the last one tried still let through."""
+    tried = [a for a in attempts if a.status != "no patch"]
+    good = next((a for a in tried if a.status == "verified"), None)
+    saved = [_saved(folder, i, a) for i, a in enumerate(attempts)]
+    if good is None:
+        last = tried[-1]
+        res = last.residual or {}
+        what = res.get("explanation") if last.status == "error" else (
+            f"a {res.get('explanation')} remains (found in {res.get('searched')}, step {res.get('step')})")
+        _clear_diff(folder)
+        return {"status": "not sufficient", "recommended": None, "diff": None, "diff_file": None,
+                "message": (f"no fix for the {target.what}: {len(tried)} guard(s) tried and none keeps the program "
+                            f"finite; with {last.guard.description}: {what}."),
+                "checked": {"replay": "forward and backward", "steps": None, "sites": None}, "attempts": saved}
+    replayed = ("replayed the finding's input under the guard: finite forward and backward (the guarded op's "
+                "gradient also at the guard's bounds)")
+    if good.guard.name == "stable_log":
+        replayed = ("replayed the finding's input under the rewrite: finite forward (log_softmax and logsigmoid "
+                    "have a finite gradient everywhere)")
+    searched = (f"searched {good.steps} steps over {len(good.sites)} suspect op(s) of the guarded program (at most "
+                f"{budget} each) for another trigger, forward and backward: none" if good.sites else
+                "the guarded program has no suspect op left to search (0 steps searched)")
+    note = f" ({target.why})" if target.why else ""
+    (folder / DIFF_FILE).write_text(good.patch["diff"], encoding="utf-8")
+    return {"status": "verified", "message": f"verified ({good.guard.description}): {replayed}; {searched}{note}",
+            "recommended": good.guard.to_dict(), "diff": good.patch["diff"], "diff_file": DIFF_FILE,
+            "checked": {"replay": "forward and backward", "steps": good.steps, "sites": len(good.sites)},
+            "attempts": saved}
+
+
+def _attempts(guards: list[Guard], roots: tuple[Path | str, ...], check) -> list[Attempt]:
+    """Each guard written as a patch (one that cannot be is not tried: its attempt says why) and
+    ``check``-ed in order, up to the first verified; when what a guard still lets through is another
+    call of its op on its line, the guards from there on are at every call on the line."""
     attempts: list[Attempt] = []
-    queue, line_wide = suggest(target.op, target.location, _merge(calls), target.column), False
+    queue, line_wide = list(guards), False
     while queue:
         guard = queue.pop(0)
         if line_wide and guard.column is not None:
@@ -665,55 +711,16 @@ def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET,
         if written is None:
             attempts.append(Attempt(guard, "no patch", 0, [], 0.0, why=why))
             continue
-        guard = replace(guard, code=written["after"])
-        attempt = verify(runner, site, loaded, guard, budget, report.get("strategy", "adaptive"),
-                         int(t.get("seed", 0)), weights)
+        attempt = check(replace(guard, code=written["after"]))
         attempt.patch = written
         attempts.append(attempt)
-        log.info("fix %s for %s: %s in %d steps", guard.description, site.label, attempt.status, attempt.steps)
+        log.info("fix %s at %s: %s in %d steps", guard.description, guard.position, attempt.status, attempt.steps)
         if attempt.status == "verified":
             break
         if not line_wide and guard.column is not None and _same_line(attempt, guard):
-            line_wide = True              # another call of the op on the line fails next: guard them all
+            line_wide = True
             queue.insert(0, guard)
-    tried = [a for a in attempts if a.status != "no patch"]
-    if not tried:
-        return none(f"no guard can be written as a patch of its line, as {attempts[-1].why}" if attempts else
-                    f"there is no guard for {target.op}", attempts)
-    good = next((a for a in tried if a.status == "verified"), None)
-    saved = [_saved(folder, i, a) for i, a in enumerate(attempts)]
-    if good is None:
-        last = tried[-1]
-        res = last.residual or {}
-        what = res.get("explanation") if last.status == "error" else (
-            f"a {res.get('explanation')} remains (found in {res.get('searched')}, step {res.get('step')})")
-        message = (f"no fix for the {target.what}: {len(tried)} guard(s) tried and none keeps the program finite; "
-                   f"with {last.guard.description}: {what}.")
-        _clear_diff(folder)
-        return _write(folder, report, {**fix, "status": "not sufficient", "message": message, "recommended": None,
-                                       "probe": calls[:8], "checked": {"replay": "forward and backward",
-                                                                       "steps": None, "sites": None},
-                                       "diff": None, "diff_file": None, "attempts": saved})
-    replayed = ("replayed the finding's input under the guard: finite forward and backward (the guarded op's "
-                "gradient also at the guard's bounds)")
-    if good.guard.name == "stable_log":
-        replayed = ("replayed the finding's input under the rewrite: finite forward (log_softmax and logsigmoid "
-                    "have a finite gradient everywhere)")
-    if not good.sites:
-        message = (f"verified ({good.guard.description}): {replayed}; the guarded program has no suspect op "
-                   f"left to search (0 steps searched)")
-    else:
-        message = (f"verified ({good.guard.description}): {replayed}; searched {good.steps} steps over "
-                   f"{len(good.sites)} suspect op(s) of the guarded program (at most {budget} each) for another "
-                   f"trigger, forward and backward: none")
-    if target.why:
-        message += f" ({target.why})"
-    (folder / DIFF_FILE).write_text(good.patch["diff"], encoding="utf-8")
-    section = {**fix, "status": "verified", "message": message, "recommended": good.guard.to_dict(),
-               "probe": calls[:8], "checked": {"replay": "forward and backward", "steps": good.steps,
-                                               "sites": len(good.sites)},
-               "diff": good.patch["diff"], "diff_file": DIFF_FILE, "attempts": saved}
-    return _write(folder, report, section)
+    return attempts
 
 
 def _same_line(attempt: Attempt, guard: Guard) -> bool:

@@ -1,16 +1,19 @@
-"""``cdeepfuzz fix FINDING``: suggest a guard at the op and verify it by searching the guarded program.
+"""``cdeepfuzz fix FINDING``: a guard at the op, verified by searching the guarded program, printed as a
+patch of the user's line; or one sentence that says there is no fix, and why.
 
 ``FINDING`` is a finding folder or one of its files (``finding.json``), resolved as ``replay``
-resolves it. The verdict is written into ``finding.json`` (section ``fix``; the recommended guard
-as a patch in ``fix.diff``) and recorded on the finding's MLflow run, beside the finding: tags
-``fix.verdict``, ``fix.guard``, ``fix.message``, ``fix.steps`` and the artifacts
+resolves it; any finding folder: a site's own finding or one its search passed on the way (the op
+guarded is the one that went non-finite first, :func:`fuzz_core.fixes.guarded_op`). The verdict is
+written into ``finding.json`` (section ``fix``; the verified guard's patch in ``fix.diff``, for
+``git apply`` in the folder the campaign ran in) and recorded on the finding's MLflow run, beside the
+finding: tags ``fix.verdict``, ``fix.guard``, ``fix.message``, ``fix.steps`` and the artifacts
 ``finding/finding.json`` and ``finding/fix.diff``. The tracking store is found as every command
 finds it (:func:`orchestrator.config.resolve_tracking_uri`: ``--tracking-uri``, the run's own,
 ``MLFLOW_TRACKING_URI``); when none is reachable, one line says so and ``finding.json`` still
 holds the verdict.
 
-Exit codes as ``replay``: 0 verified, 1 not, 2 usage, 3 the target could not be built or its program
-raised (the same line as ``cdeepfuzz run``), 5 an internal error of CDeepFuzz."""
+Exit codes as ``replay``: 0 a verified fix (its diff printed), 1 none, 2 usage, 3 the target could not
+be built or its program raised (the same line as ``cdeepfuzz run``), 5 an internal error of CDeepFuzz."""
 from __future__ import annotations
 
 from pathlib import Path
