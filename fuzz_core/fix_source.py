@@ -261,6 +261,11 @@ def _match(guard: Guard, node, names: dict[str, str], where: str) -> Rewrite | s
         n0, n1 = offset(node.lineno, node.col_offset), offset(node.end_lineno, node.end_col_offset)
         a = render(a0, a1)
         x = a if simple else f"({a})"
+        call_paren = isinstance(node, ast.Call) and arg is not node.func.value \
+            and offset(node.func.end_lineno, node.func.end_col_offset) == a0 - 1
+        if not simple and not call_paren and n0 < a0 and a1 < n1 and render(a0 - 1, a0) == "(" \
+                and render(a1, a1 + 1) == ")":
+            a0, a1 = a0 - 1, a1 + 1           # already in parentheses of its own: the guard goes on them
         us = "_" if inplace else ""
         if guard.name == "clamp_min":
             g = f"{x}.clamp_min{us}({p['lo']:.8g})"

@@ -10,7 +10,7 @@ from (``log`` of a ``softmax`` becomes ``log_softmax``, of ``sigmoid`` / ``1 - s
 ``logsigmoid``), then the smallest clamp that keeps the op in its domain, then one with a margin:
 ``log``, ``rsqrt``, ``xlogy`` clamp their input to >= tiny (then >= eps), ``div`` / ``reciprocal``
 / ``remainder`` keep ``|divisor| >= eps`` with the divisor's sign, ``sqrt`` clamps to >= 0 (then
-eps), ``exp`` to <= ln(max) (then ln(max) - ln(2**20)), ``acos`` / ``asin`` into [-1, 1],
+eps), ``exp`` to <= ln(max) (then ln(max) - ln(2**20), then half that: Adam squares its gradient), ``acos`` / ``asin`` into [-1, 1],
 ``atanh`` / ``erfinv`` into (-1, 1), ``acosh`` to >= 1 (then 1 + eps), ``pow`` its base to >= 0
 (>= tiny for a negative exponent), ``logit`` / ``ndtri`` into (0, 1), ``mvlgamma`` above its
 domain's end. Poles inside a domain (``lgamma``, ``digamma``) and half-precision overflows get none
@@ -126,6 +126,8 @@ def guarded_op(report: dict[str, Any], original: dict[str, Any] | None = None) -
         location, name = str(entry.get("location", "")), str(entry.get("op", ""))
         shown = f"{name}{' (backward)' if phase and not name.endswith('_grad') else ''}"
         row = _row(name)
+        if row is None and entry.get("kind"):
+            shown = str(entry["kind"])                                        # Adam: addcmul_, mul (backward)
         if row is not None and row.on_output:
             shown = f"{row.name.replace('_', ' ')} of {entry.get('kind', name)}"     # half overflow of mul
         return name, location, column, f"{shown} at {position(location, column)}"
@@ -197,9 +199,12 @@ def suggest(op: str, location: str, probe: dict[str, Any], column: int | None = 
                    clamp("clamp_min", f"clamp the input to >= eps ({eps:.3g})", lo=eps)]
     elif op in ("exp", "expm1"):
         top = math.log(big)
+        half = top / 2 - EXP_HEADROOM         # Adam squares the gradient exp(x) * upstream
         guards += [clamp("clamp_max", f"clamp the input to <= ln(max) ({top:.6g})", hi=top * (1 - eps)),
                    clamp("clamp_max", f"clamp the input to <= ln(max) - ln(2**20) ({top - EXP_HEADROOM:.6g})",
-                         hi=top - EXP_HEADROOM)]
+                         hi=top - EXP_HEADROOM),
+                   clamp("clamp_max", f"clamp the input to <= ln(max) / 2 - ln(2**20) ({half:.6g}), so that the "
+                                      f"square of its gradient stays finite too", hi=half)]
     elif op == "pow":
         negative = probe.get("exponent") is not None and probe["exponent"] < 0
         floor = ("tiny", tiny) if negative else ("0", 0.0)     # 0 ** negative is inf
@@ -480,19 +485,21 @@ def _describe_call(op: str, name: str, args, kwargs) -> dict[str, Any]:
 
 
 def install(runner, make_mode) -> None:
-    """Run the runner's program inside ``make_mode()`` (a fresh mode per pass); None removes it."""
+    """Run the runner's program, and its own ``train_step`` (whose forward pass calls the program as the
+    closure it is, not ``target.program``), inside ``make_mode()`` (a fresh mode per pass); None removes it."""
     target = runner.target
-    program = getattr(target, "_unguarded_program", None) or target.program
-    target._unguarded_program = program
-    if make_mode is None:
-        target.program = program
-        return
+    for name in ("program", "train_step"):
+        original = getattr(target, f"_unguarded_{name}", None) or getattr(target, name)
+        setattr(target, f"_unguarded_{name}", original)
+        setattr(target, name, original if make_mode is None or original is None else _inside(make_mode, original))
 
+
+def _inside(make_mode, fn):
     def guarded(batch):
         with make_mode():
-            return program(batch)
+            return fn(batch)
 
-    target.program = guarded
+    return guarded
 
 
 # -- probing, verifying ----------------------------------------------------------------------------------

@@ -95,3 +95,16 @@ def test_a_file_with_crlf_line_ends_keeps_them(tmp_path):
     assert applied.returncode == 0, applied.stderr
     assert (tmp_path / "prog.py").read_bytes() == (b"import torch\r\ndef f(x):\r\n"
                                                   b"    return torch.log(x.clamp_min(1.1920929e-07))\r\n")
+
+
+def test_an_input_in_parentheses_of_its_own_gets_no_second_pair(tmp_path):
+    root = _file(tmp_path, "import torch\ndef f(p, g, c, h):\n    return ((1 - p) ** g + c / (h - 1)).sum() + torch.log((1 - p))\n")
+    line = "    return ((1 - p) ** g + c / (h - 1)).sum() + torch.log((1 - p))"
+    pow_, div, log = (line.index(t) + 1 for t in ("(1 - p) ** g", "c / (h", "torch.log"))
+    after = lambda op, name, col, **p: patch(Guard(name, op, "prog.py:3", p, column=col), (root,))[0]["after"]  # noqa: E731
+    assert after("pow", "clamp_min", pow_, lo=EPS).startswith("return ((1 - p).clamp_min(1.1920929e-07) ** g + c")
+    assert "c / torch.copysign((h - 1).abs().clamp_min(1e-07), h - 1)).sum()" in after("div", "abs_min", div, eps=1e-7)
+    assert after("log", "clamp_min", log, lo=EPS).endswith("torch.log((1 - p).clamp_min(1.1920929e-07))")
+    root = _file(tmp_path, "import torch\ndef f(p):\n    return torch.log(1 - p)\n")
+    assert patch(Guard("clamp_min", "log", "prog.py:3", {"lo": EPS}, column=12), (root,))[0]["after"] == (
+        "return torch.log((1 - p).clamp_min(1.1920929e-07))")             # the call's own parentheses stay
