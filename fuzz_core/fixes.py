@@ -57,7 +57,7 @@ from fuzz_core.io import atomic_save_arrays, atomic_write_json
 from fuzz_core.sites import OpSite, position, position_of, source_line
 
 __all__ = ["Guard", "guard_mode", "suggest", "suggest_and_verify", "verify", "source_patch", "split_location",
-           "guarded_op", "DIFF_FILE", "TF_WHY", "NO_GUARD"]
+           "guarded_op", "framework_of", "DIFF_FILE", "TF_WHY", "NO_GUARD"]
 
 log = logging.getLogger(__name__)
 
@@ -650,7 +650,7 @@ def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET,
                                        "recommended": None, "diff": None,
                                        "message": f"no fix for the {target.what}: {why}."})
 
-    if (t.get("framework") or "torch") != "torch":
+    if framework_of(report) != "torch":
         return none(TF_WHY)
     if target.op is None:
         return none(target.why)
@@ -736,6 +736,16 @@ def _same_line(attempt: Attempt, guard: Guard) -> bool:
     return (first.get("location") == guard.location and first.get("column") not in (None, guard.column)
             and _forward(str(first.get("op", ""))) == guard.op)
 
+
+
+def framework_of(report: dict[str, Any]) -> str:
+    """The framework of a finding: its target's, else the one its versions name (a campaign may leave
+    ``framework`` out: it is then inferred from the Target the factory returned)."""
+    named = (report.get("target") or {}).get("framework")
+    if named:
+        return str(named)
+    versions = report.get("versions") or {}
+    return "tensorflow" if "tensorflow" in versions and "torch" not in versions else "torch"
 
 
 def _clear_diff(folder: Path) -> None:

@@ -183,14 +183,17 @@ def test_a_missing_path_is_a_usage_error(tmp_path):
 
 
 # -- TensorFlow --------------------------------------------------------------------------------------------------
-def test_a_tensorflow_finding_says_why_there_is_no_guard(campaign, tmp_path):
+@pytest.mark.parametrize("named", [True, False])
+def test_a_tensorflow_finding_says_why_there_is_no_guard(campaign, tmp_path, named):
+    """Named in the target (framework: tensorflow), or not (a campaign may leave it out): its versions say."""
     import shutil
 
     finding, _ = campaign
     tf = tmp_path / "tf-finding"
     shutil.copytree(finding, tf)
     report = json.loads((tf / "finding.json").read_text())
-    report["target"]["framework"] = "tensorflow"
+    report["target"]["framework"] = "tensorflow" if named else None
+    report["versions"] = {k: v for k, v in report["versions"].items() if k != "torch"} | {"tensorflow": "2.21.0"}
     report.pop("fix", None)
     (tf / "finding.json").write_text(json.dumps(report))
     res = _fix(tf, str(tf))

@@ -29,7 +29,7 @@ def fix(folder: Path, budget: int, trust: bool = False, device: str = "cpu",
     from fuzz_core.backends.base import Precision, RunnerOptions
     from fuzz_core.engine import TargetSpec
     from fuzz_core.findings import FindingError, load_finding
-    from fuzz_core.fixes import suggest_and_verify
+    from fuzz_core.fixes import framework_of, suggest_and_verify
     from orchestrator.commands.replay import (ReplayError, TargetBroken, build_target, check_entry_exists,
                                               check_trusted, finding_folder)
     from orchestrator.run.failures import from_exception
@@ -41,7 +41,7 @@ def fix(folder: Path, budget: int, trust: bool = False, device: str = "cpu",
         raise ReplayError(str(exc)) from None
     entry = str(report["target"].get("entry", ""))
     runner = None
-    if (report["target"].get("framework") or "torch") == "torch":
+    if framework_of(report) == "torch":
         check_trusted(entry, trust)
         check_entry_exists(entry, folder)
         runner = build_target(TargetSpec.from_dict(report["target"]),
