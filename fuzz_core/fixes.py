@@ -1,133 +1,191 @@
-"""Fix suggestions: a guard at the op of a finding, verified by searching the guarded program again.
+"""Fixes: a guard at the op of a finding, verified by searching the guarded program, and written as a
+patch of the user's line.
 
-For a finding, :func:`suggest` proposes guards at its op, in the order a reviewer would try
-them (a stable rewrite where the op's input shows where it came from, then the smallest clamp
-that keeps the op in its domain, then one with a margin): ``log`` of a ``softmax`` becomes
-``log_softmax``, ``log`` of ``sigmoid`` / ``1 - sigmoid`` becomes ``logsigmoid``, ``log``,
-``rsqrt``, ``xlogy`` clamp their input to >= tiny (then >= eps), ``div`` / ``reciprocal`` /
-``remainder`` keep ``|divisor| >= eps`` with the divisor's sign, ``sqrt`` clamps to >= 0 (then
-eps), ``exp`` to <= ln(max) (then ln(max) - ln(2**20)), ``acos`` / ``asin`` into [-1, 1],
-``atanh`` / ``erfinv`` into (-1, 1), ``acosh`` to >= 1 (then 1 + eps), ``pow`` its base to >= 0 (>= tiny for
-a negative exponent), ``logit`` / ``ndtri`` into (0, 1). Poles (``lgamma``, ``digamma``) get none.
+``cdeepfuzz fix`` guards the op that went non-finite first in the finding (what a replay checks:
+the site's own op, or the other op its search met first), at its call (``path:line:col``), forward
+or backward hazard alike (a backward row, ``log_grad``, is guarded at its forward op: the clamp that
+keeps ``log``'s input off 0 keeps its gradient ``1/x`` finite too). :func:`suggest` proposes guards
+in the order a reviewer would try them: a stable rewrite where the log's input shows where it came
+from (``log`` of a ``softmax`` becomes ``log_softmax``, of ``sigmoid`` / ``1 - sigmoid``
+``logsigmoid``), then the smallest clamp that keeps the op in its domain, then one with a margin:
+``log``, ``rsqrt``, ``xlogy`` clamp their input to >= tiny (then >= eps), ``div`` / ``reciprocal``
+/ ``remainder`` keep ``|divisor| >= eps`` with the divisor's sign, ``sqrt`` clamps to >= 0 (then
+eps), ``exp`` to <= ln(max) (then ln(max) - ln(2**20), then half that: Adam squares its gradient), ``acos`` / ``asin`` into [-1, 1],
+``atanh`` / ``erfinv`` into (-1, 1), ``acosh`` to >= 1 (then 1 + eps), ``pow`` its base to >= 0
+(>= tiny for a negative exponent), ``logit`` / ``ndtri`` into (0, 1), ``mvlgamma`` above its
+domain's end. Poles inside a domain (``lgamma``, ``digamma``) and half-precision overflows get none
+(:data:`NO_GUARD` says why).
 
-A guard is applied above autograd by a ``torch.overrides.TorchFunctionMode`` that intercepts
-the same op at the same user location (``path:line``, found on the stack as the recorder
-finds it), so the gradient goes through the guard too, and the program's source is not
-edited. :func:`verify` replays the reproducer under the guard, then searches every suspect
-op of the guarded program (the guarded site first) with the finding's strategy and seed, up
-to a budget per site, stopping at the first qualifying non-finite value anywhere in a pass
-(not only at the searched op: a clamp at 1e-45 leaves a log of -103 that a later op may turn
-into an overflow). In every pass the guarded call's own gradient is checked as well, even in a
-program that never calls backward: ``rsqrt(x.clamp_min(tiny))`` is finite at x = 2e-38 but its
-gradient is -inf there, so it is not a fix. :func:`suggest_and_verify` tries the guards in
-order and writes a ``fix`` section into ``finding.json``: ``verified`` (the reproducer finite
-forward and backward under the guard, and no other trigger in the N steps searched) with the
-guard to use and its patch of the user's source line (``diff``, also ``fix.diff``), or ``not
-sufficient`` with what each guard still let through (a residual finding, its values saved next
-to the report as ``fix-residual-<i>.safetensors``), or ``no suggestion``.
+Each guard is first written into the user's source (:mod:`fuzz_core.fix_source`): with the names
+its line holds, or not at all (a stable rewrite whose softmax runs on another line is skipped, and
+says so). Only a guard with a patch is verified: it is applied above autograd by a
+``torch.overrides.TorchFunctionMode`` that intercepts the same op at the same call, exactly as the
+patch changes it, so the gradient goes through the guard too. :func:`verify` replays the
+reproducer under the guard, then searches every suspect op of the guarded program (the guarded site
+first) with the finding's strategy and seed, up to a budget per site, stopping at the first
+qualifying non-finite value anywhere in a pass (not only at the searched op: a clamp at 1e-45
+leaves a log of -103 that a later op may turn into an overflow). In every pass the guarded call's
+own gradient is checked as well, even in a program that never calls backward:
+``rsqrt(x.clamp_min(tiny))`` is finite at x = 2e-38 but its gradient is -inf there, so it is not a
+fix. :func:`suggest_and_verify` tries the guards in order and writes a ``fix`` section into
+``finding.json``: ``verified`` (the reproducer finite forward and backward under the guard, and no
+other trigger in the N steps searched) with the guard and its patch (``diff``, also ``fix.diff``),
+or ``not sufficient`` with what each guard still let through (a residual finding, its values saved
+next to the report as ``fix-residual-<i>.safetensors``), or ``no suggestion``; the two last with a
+message that starts "no fix for the <op> at <path:line:col>:" and says why in one sentence.
 
-Only the PyTorch backend has guards (:data:`TF_WHY` says why; a TensorFlow finding gets a guard
-to write by hand, not verified); torch is imported lazily, as the rest of fuzz_core does.
+Only the PyTorch backend has guards (:data:`TF_WHY` says why); torch is imported lazily, as the rest
+of fuzz_core does.
 """
 from __future__ import annotations
 
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fuzz_core.backends.base import NOT_LOCATED
+from fuzz_core.catalogue import DEFAULT_CATALOGUE
 from fuzz_core.findings import REPORT, load_finding, value_arrays
+from fuzz_core.fix_source import DIVISOR_SECOND, FUNCTIONS, Guard, patch, source_patch, split_location
 from fuzz_core.io import atomic_save_arrays, atomic_write_json
-from fuzz_core.sites import OpSite, source_line
+from fuzz_core.sites import OpSite, position, position_of, source_line
+
+__all__ = ["Guard", "guard_mode", "suggest", "suggest_and_verify", "verify", "source_patch", "split_location",
+           "guarded_op", "framework_of", "DIFF_FILE", "TF_WHY", "NO_GUARD"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET = 200            # steps per searched site
 EXP_HEADROOM = 20 * math.log(2)  # the second exp guard leaves room for sums of 2**20 terms
 SRC_ATTR = "_cdeepfuzz_src"      # provenance tag left on softmax / sigmoid outputs while a mode runs
-
-# Python-level function names (torch.*, Tensor.*, dunders, F.*) of each guarded op.
-FUNCTIONS: dict[str, str] = {}
-for _op, _names in {
-    "log": "log log_", "log2": "log2 log2_", "log10": "log10 log10_", "log1p": "log1p log1p_",
-    "xlogy": "xlogy xlogy_ special_xlogy",
-    "div": "div div_ divide divide_ true_divide true_divide_ floor_divide floor_divide_ __truediv__ "
-           "__itruediv__ __floordiv__ __ifloordiv__ __div__ __idiv__",
-    "reciprocal": "reciprocal reciprocal_ __rdiv__ __rtruediv__",
-    "remainder": "remainder remainder_ fmod fmod_ __mod__ __imod__",
-    "sqrt": "sqrt sqrt_", "rsqrt": "rsqrt rsqrt_", "exp": "exp exp_", "expm1": "expm1 expm1_",
-    "pow": "pow pow_ __pow__ __ipow__ float_power float_power_",
-    "acos": "acos acos_ arccos arccos_", "asin": "asin asin_ arcsin arcsin_",
-    "atanh": "atanh atanh_ arctanh arctanh_", "acosh": "acosh acosh_ arccosh arccosh_",
-    "erfinv": "erfinv erfinv_ special_erfinv", "logit": "logit logit_ special_logit", "ndtri": "special_ndtri",
-}.items():
-    FUNCTIONS.update({n: _op for n in _names.split()})
-_DIVISOR_SECOND = {"div", "remainder", "xlogy"}     # the guarded input is args[1]; else args[0]
-
-
-@dataclass(frozen=True)
-class Guard:
-    """One change at one op, at one user location."""
-
-    name: str                    # clamp_min | clamp_max | clamp | abs_min | stable_log
-    op: str
-    location: str                # repo-relative path:line
-    params: dict[str, float] = field(default_factory=dict)
-    description: str = ""
-    code: str = ""               # what to write in the source instead
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Guard":
-        return cls(d["name"], d["op"], d["location"], dict(d.get("params") or {}), d.get("description", ""),
-                   d.get("code", ""))
+DIFF_FILE = "fix.diff"           # the verified guard as a patch, in the finding folder
+TF_WHY = ("CDeepFuzz verifies guards in PyTorch programs only (it applies one above autograd at the op's source "
+          "line with PyTorch's TorchFunctionMode, and TensorFlow has no such hook), so guard this op by hand and "
+          "check the edited program with `cdeepfuzz replay`")
+# Catalogue rows with no guard, and why (one clause each, after "no fix for the <op> at <where>: ").
+NO_GUARD = {
+    "lgamma": "lgamma's poles (0 and the negative integers) lie inside its domain, so no clamp keeps an input off "
+              "them without changing the function; keep the input positive where it is computed",
+    "digamma": "digamma's poles (0 and the negative integers) lie inside its domain, so no clamp keeps an input off "
+               "them without changing the function; keep the input positive where it is computed",
+    "half_overflow": "a half-precision overflow is fixed by the precision the op runs in, not by a clamp at one "
+                     "call; run the op in float32 or scale its inputs down",
+}
 
 
 @dataclass
 class Attempt:
     guard: Guard
-    status: str                  # verified | not sufficient | error (the guarded program raised)
+    status: str                  # verified | not sufficient | error (the guarded program raised) | no patch
     steps: int
     sites: list[str]
     seconds: float
     residual: dict[str, Any] | None = None
+    why: str = ""                # no patch: why the guard cannot be written on the line
+    patch: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"guard": self.guard.to_dict(), "status": self.status, "steps": self.steps, "sites": self.sites,
-                "seconds": round(self.seconds, 3), "residual": self.residual}
+                "seconds": round(self.seconds, 3), "residual": self.residual, "why": self.why or None,
+                "diff": self.patch["diff"] if self.patch else None}
+
+
+# -- what to guard ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Guarded:
+    """The call a fix guards: the catalogue row's forward op at a location (and column), or why none."""
+
+    op: str | None
+    location: str
+    column: int | None
+    what: str                    # for people: "log at path:line:col", "sqrt (backward) at ..."
+    why: str = ""                # op None: why there is no guard; else a note (the site guarded instead)
+
+
+def guarded_op(report: dict[str, Any], original: dict[str, Any] | None = None) -> Guarded:
+    """What a fix of the finding ``report`` guards: the first op that went non-finite (what a replay
+    checks), else the site's own op; a backward row at its forward op (``log_grad`` -> ``log``). A
+    first op outside the catalogue (a ``mul`` whose gradient overflowed on an ``exp``'s huge output)
+    has no guard: the site's own op is guarded then, if it has one, and verification judges it.
+    ``original``: the report before :func:`fuzz_core.engine.moved` relocated its lines; a moved
+    line keeps its code, hence its column."""
+    site = report["site"]
+    first = report.get("first_op") or {}
+    located = bool(first) and not str(first.get("location", "")).startswith(NOT_LOCATED)
+    backward = report.get("phase") == "backward"
+
+    def at(key: str, entry: dict[str, Any], phase: bool) -> tuple[str, str, int | None, str]:
+        before = (original or report).get(key) or {}
+        column = entry.get("column") or before.get("column")
+        location, name = str(entry.get("location", "")), str(entry.get("op", ""))
+        shown = f"{name}{' (backward)' if phase and not name.endswith('_grad') else ''}"
+        row = _row(name)
+        if row is None and entry.get("kind"):
+            shown = str(entry["kind"])                                        # Adam: addcmul_, mul (backward)
+        if row is not None and row.on_output:
+            shown = f"{row.name.replace('_', ' ')} of {entry.get('kind', name)}"     # half overflow of mul
+        return name, location, column, f"{shown} at {position(location, column)}"
+
+    name, location, column, what = at("first_op", first, backward) if located else at("site", site, False)
+    note = ""
+    if located and _row(name) is None and _guardable(str(site.get("op", ""))):
+        note = (f"the first non-finite value came from {what}, an op with no guard, downstream of the "
+                f"site's own {_forward(str(site.get('op')))}, which is guarded instead")
+        name, location, column, what = at("site", site, False)
+    row = _row(name)
+    if row is None:
+        return Guarded(None, location, column, what, "it is not an op of the catalogue, so CDeepFuzz has no guard "
+                                                     "for it")
+    if row.on_output or row.name in NO_GUARD:
+        return Guarded(None, location, column, what, NO_GUARD.get(row.name, f"there is no guard for {row.name}"))
+    if not _guardable(name):
+        return Guarded(None, location, column, what, f"there is no guard for {_forward(name)}")
+    return Guarded(_forward(name), location, column, what, note)
+
+
+def _row(name: str):
+    return next((s for s in DEFAULT_CATALOGUE if s.name == name), None)
+
+
+def _guardable(name: str) -> bool:
+    row = _row(name)
+    return row is not None and not row.on_output and row.name not in NO_GUARD and _forward(name) in FUNCTIONS.values()
+
+
+def _forward(name: str) -> str:
+    """The forward row of a backward catalogue row (``log_grad`` -> ``log``); any other name as it is."""
+    spec = _row(name)
+    if spec is None or spec.phase != "backward":
+        return name
+    return next((f.name for f in map(DEFAULT_CATALOGUE.for_torch, spec.torch) if f is not None), name)
 
 
 # -- suggestions ---------------------------------------------------------------------------------------
-def suggest(op: str, location: str, probe: dict[str, Any]) -> list[Guard]:
-    """Guards for ``op`` at ``location``, most specific first; ``probe`` is what :func:`probe_calls`
-    saw there (dtype of the guarded input, its provenance, the exponent of a pow)."""
+def suggest(op: str, location: str, probe: dict[str, Any], column: int | None = None) -> list[Guard]:
+    """Guards for ``op`` at ``location`` (the call at ``column``), most specific first; ``probe`` is
+    what :func:`probe_calls` saw there (dtype of the guarded input, its provenance, the exponent of a
+    pow, the ``p`` of an mvlgamma). Their ``code`` is empty: the patch writes it."""
     finfo = _finfo(probe.get("dtype", "float32"))
     tiny, eps, big = finfo["tiny"], finfo["eps"], finfo["max"]
-    fn = {"div": "a / b", "remainder": "torch.remainder(a, b)", "xlogy": "torch.xlogy(x, y)"}.get(op, f"torch.{op}(x)")
-    arg = "b" if op in ("div", "remainder") else "y" if op == "xlogy" else "x"
 
     def clamp(name: str, why: str, **params: float) -> Guard:
-        call = {"clamp_min": f"{arg}.clamp_min({params.get('lo', 0):.8g})",
-                "clamp_max": f"{arg}.clamp_max({params.get('hi', 0):.8g})",
-                "clamp": f"{arg}.clamp({params.get('lo', 0):.8g}, {params.get('hi', 0):.8g})",
-                "abs_min": f"torch.where({arg}.abs() < {params.get('eps', 0):.8g}, "
-                           f"torch.copysign(torch.full_like({arg}, {params.get('eps', 0):.8g}), {arg}), {arg})"}[name]
-        return Guard(name, op, location, params, why, fn.replace(arg, call, 1) if arg in fn else call)
+        return Guard(name, op, location, params, why, column=column)
 
     guards: list[Guard] = []
     sources = probe.get("provenance") or []
-    if op in ("log", "log2", "log10") and sources:
-        scale = "" if op == "log" else f" / math.log({2 if op == 'log2' else 10})"
-        what = " and ".join(f"{_STABLE[s][0]} ({_STABLE[s][1]}{scale})" for s in sources)
-        guards.append(Guard("stable_log", op, location, {}, f"compute in log space: {what}",
-                            "; ".join(_STABLE[s][1] + scale for s in sources)))
+    if op in ("log", "log2", "log10") and len(sources) == 1:
+        source, origin = sources[0]
+        stable = "log_softmax" if source == "softmax" else "logsigmoid"
+        of = {"softmax": "a softmax", "sigmoid": "a sigmoid", "one_minus_sigmoid": "1 - sigmoid"}[source]
+        guards.append(Guard("stable_log", op, location, {}, f"compute in log space: {stable} instead of the "
+                                                             f"{op} of {of}", column=column, source=source,
+                            origin=origin))
     if op in ("log", "log2", "log10", "rsqrt", "xlogy"):
         guards += [clamp("clamp_min", f"clamp the input to >= tiny ({tiny:.3g})", lo=tiny),
                    clamp("clamp_min", f"clamp the input to >= eps ({eps:.3g})", lo=eps)]
@@ -141,9 +199,12 @@ def suggest(op: str, location: str, probe: dict[str, Any]) -> list[Guard]:
                    clamp("clamp_min", f"clamp the input to >= eps ({eps:.3g})", lo=eps)]
     elif op in ("exp", "expm1"):
         top = math.log(big)
+        half = top / 2 - EXP_HEADROOM         # Adam squares the gradient exp(x) * upstream
         guards += [clamp("clamp_max", f"clamp the input to <= ln(max) ({top:.6g})", hi=top * (1 - eps)),
                    clamp("clamp_max", f"clamp the input to <= ln(max) - ln(2**20) ({top - EXP_HEADROOM:.6g})",
-                         hi=top - EXP_HEADROOM)]
+                         hi=top - EXP_HEADROOM),
+                   clamp("clamp_max", f"clamp the input to <= ln(max) / 2 - ln(2**20) ({half:.6g}), so that the "
+                                      f"square of its gradient stays finite too", hi=half)]
     elif op == "pow":
         negative = probe.get("exponent") is not None and probe["exponent"] < 0
         floor = ("tiny", tiny) if negative else ("0", 0.0)     # 0 ** negative is inf
@@ -160,12 +221,11 @@ def suggest(op: str, location: str, probe: dict[str, Any]) -> list[Guard]:
     elif op in ("logit", "ndtri"):
         guards += [clamp("clamp", "clamp the input into [tiny, 1 - eps]", lo=tiny, hi=1 - eps),
                    clamp("clamp", "clamp the input into [eps, 1 - eps]", lo=eps, hi=1 - eps)]
+    elif op == "mvlgamma":
+        end = (float(probe.get("p") or 1) - 1) / 2
+        guards.append(clamp("clamp_min", f"clamp the input to >= (p - 1) / 2 + eps ({end:g} + eps)",
+                            lo=end + max(eps, abs(end) * eps * 4)))
     return guards
-
-
-_STABLE = {"softmax": ("log of a softmax", "torch.log_softmax(z, dim)"),
-           "sigmoid": ("log of a sigmoid", "F.logsigmoid(z)"),
-           "one_minus_sigmoid": ("log of 1 - sigmoid", "F.logsigmoid(-z)")}
 
 
 def _finfo(dtype: str) -> dict[str, float]:
@@ -182,8 +242,11 @@ def _finfo(dtype: str) -> dict[str, float]:
 _MODE_CLASS = None
 
 
-def guard_mode(guards: list[Guard] = (), probe: tuple[str, str] | None = None, sink: list | None = None):
-    """A fresh ``TorchFunctionMode`` that applies ``guards`` (and records calls at ``probe``); with
+def guard_mode(guards: list[Guard] = (), probe: tuple[str, str, int | None] | None = None,
+               sink: list | None = None):
+    """A fresh ``TorchFunctionMode`` that applies ``guards`` (and records the calls of ``probe``: (op,
+    path:line, column or None)), each at its call (the column where its expression starts, or every
+    call on its line when the column is None), exactly as :func:`fuzz_core.fix_source.patch` writes it; with
     ``sink``, each guarded call's own gradient is checked too (:func:`_backward_check`) and what
     went non-finite is appended there."""
     return _mode_class()(list(guards), probe, sink)
@@ -196,11 +259,17 @@ def _mode_class():
     from torch.overrides import TorchFunctionMode
 
     from fuzz_core.backends.torch_recorder import LOCATOR
+    from fuzz_core.sites import column_of
+
+    def _where() -> str:
+        location = LOCATOR.locate(1)
+        return position(location, column_of(location))
 
     class GuardMode(TorchFunctionMode):
-        """Applies guards at (op, path:line); tags softmax/sigmoid outputs with their inputs."""
+        """Applies guards at (op, path:line, column); tags softmax/sigmoid outputs with their inputs."""
 
-        def __init__(self, guards: list[Guard], probe: tuple[str, str] | None, sink: list | None) -> None:
+        def __init__(self, guards: list[Guard], probe: tuple[str, str, int | None] | None,
+                     sink: list | None) -> None:
             super().__init__()
             self.guards = {(g.op, g.location): g for g in guards}
             self.ops = {g.op for g in guards} | ({probe[0]} if probe else set())
@@ -214,17 +283,20 @@ def _mode_class():
             op = FUNCTIONS.get(name)
             if op in self.ops:
                 location = LOCATOR.locate(1)
-                if self.probe == (op, location):
-                    self.calls.append(_describe_call(op, name, args))
+                column = column_of(location)
+                if self.probe is not None and self.probe[:2] == (op, location) \
+                        and self.probe[2] in (None, column):
+                    self.calls.append(_describe_call(op, name, args, kwargs))
                 g = self.guards.get((op, location))
-                if g is not None:
+                if g is not None and g.column in (None, column):
                     if self.sink is not None:
                         bad = _backward_check(g, func, args, kwargs)
                         if bad is not None:
                             self.sink.append(bad)
                     return _apply(g, func, args, kwargs)
             out = func(*args, **kwargs)
-            _tag(name, args, kwargs, out)
+            if name in ("softmax", "sigmoid", "__rsub__"):
+                _tag(name, args, kwargs, out, _where)
             return out
 
     _MODE_CLASS = GuardMode
@@ -235,7 +307,7 @@ def _apply(g: Guard, func, args, kwargs):
     """The op with its guard: a stable rewrite, or the guarded input changed (in place ops included)."""
     if g.name == "stable_log":
         return _stable_log(g, func, args, kwargs)
-    i = 1 if g.op in _DIVISOR_SECOND else 0
+    i = 1 if g.op in DIVISOR_SECOND else 0
     if len(args) <= i:
         return func(*args, **kwargs)
     name = func.__name__
@@ -260,8 +332,8 @@ def _transform(g: Guard, x):
         return x.clamp_max(p["hi"])
     if g.name == "clamp":
         return x.clamp(p["lo"], p["hi"])
-    if g.name == "abs_min":
-        return torch.where(x.abs() < p["eps"], torch.copysign(torch.full_like(x, p["eps"]), x), x)
+    if g.name == "abs_min":                  # |x| >= eps with x's sign, as the patch writes it
+        return torch.copysign(x.abs().clamp_min(p["eps"]), x)
     return x
 
 
@@ -286,7 +358,7 @@ def _backward_check(g: Guard, func, args, kwargs) -> dict[str, Any] | None:
         with torch._C.DisableTorchFunction(), _disable_current_modes(), torch.inference_mode(False), \
                 torch.enable_grad():
             bad = _gradient(g, func, args, kwargs, None)
-            i = 1 if g.op in _DIVISOR_SECOND else 0
+            i = 1 if g.op in DIVISOR_SECOND else 0
             x = args[i] if len(args) > i else None
             if bad is None and isinstance(x, torch.Tensor) and x.is_floating_point():
                 for bound in _bounds(g, x):
@@ -345,7 +417,8 @@ def _gradient(g: Guard, func, args, kwargs, at: tuple[int, Any] | None) -> dict[
         xv, gv = float(x.detach().reshape(-1)[k]), float(gr.reshape(-1)[k])
         where = (f"at the guard's bound, input {at[0]} = {xv:.8g}" if at is not None and i == at[0]
                  else f"at input {xv:.8g}")
-        return {"op": g.op, "function": getattr(func, "__name__", g.op), "location": g.location, "argument": i,
+        return {"op": g.op, "function": getattr(func, "__name__", g.op), "location": g.location,
+                "column": g.column, "argument": i,
                 "input": xv, "gradient": gv, "count": int(bad.sum()), "at_bound": at is not None,
                 "explanation": f"non-finite gradient through the guard: d {g.op}/d input {i} = {gv:g} {where} "
                                f"({g.op} at {g.location}; its forward value is finite)"}
@@ -367,19 +440,21 @@ def _stable_log(g: Guard, func, args, kwargs):
     return y if g.op == "log" else y / math.log(2 if g.op == "log2" else 10)
 
 
-def _tag(name: str, args, kwargs, out) -> None:
-    """Leave on softmax / sigmoid / 1 - sigmoid outputs what they were computed from."""
-    if name not in ("softmax", "sigmoid", "__rsub__") or not args:
+def _tag(name: str, args, kwargs, out, where) -> None:
+    """Leave on softmax / sigmoid / 1 - sigmoid outputs what they were computed from, and where
+    (``where()``: the user's ``path:line:col`` of the softmax or sigmoid; last item of the tag)."""
+    if not args:
         return
     src = None
     if name == "softmax":
         dim = args[1] if len(args) > 1 else kwargs.get("dim")
-        src = ("softmax", args[0], dim, kwargs.get("dtype")) if isinstance(dim, int) else None
+        src = ("softmax", args[0], dim, kwargs.get("dtype"), where()) if isinstance(dim, int) else None
     elif name == "sigmoid":
-        src = ("sigmoid", args[0])
+        src = ("sigmoid", args[0], where())
     elif len(args) > 1 and isinstance(args[1], (int, float)) and args[1] == 1:
         before = getattr(args[0], SRC_ATTR, None)
-        src = ("one_minus_sigmoid", before[1]) if before is not None and before[0] == "sigmoid" else None
+        src = (("one_minus_sigmoid", before[1], before[-1]) if before is not None and before[0] == "sigmoid"
+               else None)
     if src is not None:
         try:
             setattr(out, SRC_ATTR, src)
@@ -387,16 +462,19 @@ def _tag(name: str, args, kwargs, out) -> None:
             pass
 
 
-def _describe_call(op: str, name: str, args) -> dict[str, Any]:
+def _describe_call(op: str, name: str, args, kwargs) -> dict[str, Any]:
     import torch
 
-    i = 1 if op in _DIVISOR_SECOND else 0
+    i = 1 if op in DIVISOR_SECOND else 0
     x = args[i] if len(args) > i else None
     out: dict[str, Any] = {"function": name, "tensor": isinstance(x, torch.Tensor)}
     if isinstance(x, torch.Tensor):
         out["dtype"] = str(x.dtype).replace("torch.", "")
         src = getattr(x, SRC_ATTR, None)
-        out["provenance"] = src[0] if src else None
+        out["provenance"] = [src[0], src[-1]] if src else None        # (softmax | ..., where it ran)
+    if op == "mvlgamma":
+        p = args[1] if len(args) > 1 else kwargs.get("p")
+        out["p"] = int(p) if isinstance(p, int) else None
     if op == "pow" and len(args) > 1:
         e = args[1]
         if isinstance(e, torch.Tensor):
@@ -407,30 +485,33 @@ def _describe_call(op: str, name: str, args) -> dict[str, Any]:
 
 
 def install(runner, make_mode) -> None:
-    """Run the runner's program inside ``make_mode()`` (a fresh mode per pass); None removes it."""
+    """Run the runner's program, and its own ``train_step`` (whose forward pass calls the program as the
+    closure it is, not ``target.program``), inside ``make_mode()`` (a fresh mode per pass); None removes it."""
     target = runner.target
-    program = getattr(target, "_unguarded_program", None) or target.program
-    target._unguarded_program = program
-    if make_mode is None:
-        target.program = program
-        return
+    for name in ("program", "train_step"):
+        original = getattr(target, f"_unguarded_{name}", None) or getattr(target, name)
+        setattr(target, f"_unguarded_{name}", original)
+        setattr(target, name, original if make_mode is None or original is None else _inside(make_mode, original))
 
+
+def _inside(make_mode, fn):
     def guarded(batch):
         with make_mode():
-            return program(batch)
+            return fn(batch)
 
-    target.program = guarded
+    return guarded
 
 
 # -- probing, verifying ----------------------------------------------------------------------------------
-def probe_calls(runner, site: OpSite, inputs: dict[str, np.ndarray], state: dict | None, seed: int) -> list[dict]:
-    """The Python-level calls of the site's op at its location, in one replay of the reproducer."""
+def probe_calls(runner, site: OpSite, inputs: dict[str, np.ndarray], state: dict | None, seed: int,
+                probe: tuple[str, str, int | None]) -> list[dict]:
+    """The Python-level calls of ``probe`` (op, path:line, column) in one replay of the reproducer."""
     from fuzz_core.engine import confirm
 
     modes = []
 
     def make():
-        modes.append(guard_mode((), probe=(site.op, site.location)))
+        modes.append(guard_mode((), probe=probe))
         return modes[-1]
 
     install(runner, make)
@@ -520,7 +601,7 @@ def _residual(searched: str, check, step: int, values: dict, state: dict | None,
               grad: dict[str, Any] | None = None) -> dict[str, Any]:
     if grad is not None and not check.event:     # the program stayed finite; the guard's own gradient did not
         first = {"op": grad["op"], "kind": f"{grad['function']} (backward)", "location": grad["location"],
-                 "occurrence": 0, "nan": False}
+                 "occurrence": 0, "nan": False, "column": grad.get("column")}
         return {"searched": searched, "first_op": first, "step": step, "phase": "backward",
                 "weights_nonfinite": False,
                 "gradient": {k: grad[k] for k in ("argument", "input", "gradient", "count")},
@@ -529,7 +610,7 @@ def _residual(searched: str, check, step: int, values: dict, state: dict | None,
     weights_bad = bool(state) and any(
         k.startswith("model.") and np.issubdtype(np.asarray(v).dtype, np.floating) and not np.isfinite(v).all()
         for k, v in state.items())
-    where = f"{first['kind']} at {first['location']}" if first else "the program's output"
+    where = f"{first['kind']} at {position_of(first)}" if first else "the program's output"
     why = f"non-finite value at {where}"
     if weights_bad:
         why += (" (the weights went non-finite in the program's training step: the gradient through the guard"
@@ -538,224 +619,13 @@ def _residual(searched: str, check, step: int, values: dict, state: dict | None,
             "weights_nonfinite": weights_bad, "explanation": why, "_values": values, "_state": state}
 
 
-# -- the guard as a patch of the user's source line --------------------------------------------------------
-_MODULES = {"torch", "torch.special", "torch.nn.functional", "F", "nn.functional", "special", "th"}
-
-
-def split_location(location: str) -> tuple[str, int, int | None]:
-    """``path:line`` (or ``path:line:col``) as (path, line, col); line 0 when there is none."""
-    parts = str(location).rsplit(":", 2)
-    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-        return parts[0], int(parts[1]), int(parts[2])
-    path, _, line = str(location).rpartition(":")
-    return (path, int(line), None) if line.isdigit() else (str(location), 0, None)
-
-
-def source_patch(guard: Guard, roots: tuple[Path | str, ...] = (".",)) -> dict[str, Any] | None:
-    """The guard written into the user's source: every call of ``guard.op`` on its line rewritten as
-    the mode applies it (the mode guards every call of the op at ``path:line``), as a unified diff
-    of the file (``a/<path>`` ``b/<path>``, for ``git apply``). None when the file is not found from
-    ``roots`` or no call on the line can be rewritten (a call through a variable, a stable rewrite
-    whose softmax is on another line, a statement over several lines): then the guard's ``code``
-    shows what to write."""
-    import ast
-    import difflib
-
-    path, line, col = split_location(guard.location)
-    if not line:
-        return None
-    file = next((Path(r) / path for r in roots if (Path(r) / path).is_file()), None)
-    if file is None:
-        return None
-    try:
-        text = file.read_text(encoding="utf-8")
-        tree = ast.parse(text)
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
-        return None
-    lines = text.splitlines(keepends=True)
-    if line > len(lines):
-        return None
-    raw = lines[line - 1]
-    body = raw.rstrip("\r\n").encode("utf-8")
-    matches = []
-    for node in ast.walk(tree):
-        if getattr(node, "lineno", None) == line and getattr(node, "end_lineno", None) == line:
-            m = _match(guard, node)
-            if m is not None:
-                matches.append((node.col_offset, node.end_col_offset, m))
-    if not matches:
-        return None
-
-    def render(lo: int, hi: int) -> str:
-        out, pos = [], lo
-        for start, end, m in sorted(matches, key=lambda t: (t[0], -t[1])):
-            if start >= pos and end <= hi and (start, end) != (lo, hi):
-                out += [body[pos:start].decode("utf-8"), m(render, body)]
-                pos = end
-        out.append(body[pos:hi].decode("utf-8"))
-        return "".join(out)
-
-    after = render(0, len(body))
-    if after == body.decode("utf-8"):
-        return None
-    new = raw.replace(body.decode("utf-8"), after, 1)
-    diff = "".join(difflib.unified_diff(lines, lines[:line - 1] + [new] + lines[line:], f"a/{path}", f"b/{path}", n=1))
-    if not diff.endswith("\n"):
-        diff += "\n\\ No newline at end of file\n"
-    return {"path": path, "line": line, "before": raw.strip(), "after": new.strip(), "diff": diff}
-
-
-def _dotted(node) -> str:
-    import ast
-
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        inner = _dotted(node.value)
-        return f"{inner}.{node.attr}" if inner else ""
-    return ""
-
-
-def _match(guard: Guard, node):
-    """For a node that is a call of ``guard.op``: a function ``(render, body) -> rewritten text``."""
-    import ast
-
-    op, p = guard.op, guard.params
-    seg = lambda n: (n.col_offset, n.end_col_offset)  # noqa: E731
-    if isinstance(node, ast.Call):
-        func = node.func
-        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-        if FUNCTIONS.get(name, FUNCTIONS.get(f"special_{name}")) != op and name != op:
-            return None
-        method = isinstance(func, ast.Attribute) and _dotted(func.value) not in _MODULES
-        inplace = method and name.endswith("_") and not name.endswith("__")
-        if guard.name == "stable_log":
-            return _match_stable(guard, node)
-        if method and op not in _DIVISOR_SECOND:
-            arg = func.value
-        else:
-            i = 0 if method else (1 if op in _DIVISOR_SECOND else 0)
-            arg = node.args[i] if len(node.args) > i else None
-            if arg is None:
-                arg = next((k.value for k in node.keywords if k.arg in (("other",) if i else ("input", "self"))),
-                           None)
-            inplace = False
-    elif isinstance(node, (ast.BinOp, ast.AugAssign)) and guard.name != "stable_log":
-        left = node.left if isinstance(node, ast.BinOp) else node.target
-        right = node.value if isinstance(node, ast.AugAssign) else node.right
-        number = isinstance(left, ast.Constant) and isinstance(left.value, (int, float))
-        kind = {ast.Div: "reciprocal" if number else "div", ast.FloorDiv: "div", ast.Mod: "remainder",
-                ast.Pow: "pow"}.get(type(node.op))
-        if kind != op:
-            return None
-        arg, inplace = (left if op == "pow" else right), False
-        if isinstance(node, ast.AugAssign) and op == "pow":
-            return None                      # x **= e: the base is the target itself
-    else:
-        return None
-    if arg is None or (isinstance(arg, ast.Constant) and isinstance(arg.value, (int, float))):
-        return None                          # a Python number: the guard leaves it as it is
-    simple = isinstance(arg, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
-    if inplace and not simple:
-        return None
-    a0, a1 = seg(arg)
-    n0, n1 = seg(node)
-
-    def rewrite(render, body) -> str:
-        a = render(a0, a1)
-        x = a if simple else f"({a})"
-        if guard.name == "clamp_min":
-            g = f"{x}.clamp_min{'_' if inplace else ''}({p['lo']:.8g})"
-        elif guard.name == "clamp_max":
-            g = f"{x}.clamp_max{'_' if inplace else ''}({p['hi']:.8g})"
-        elif guard.name == "clamp":
-            g = f"{x}.clamp{'_' if inplace else ''}({p['lo']:.8g}, {p['hi']:.8g})"
-        elif guard.name == "abs_min" and not inplace:
-            e = f"{p['eps']:.8g}"
-            g = f"torch.where({x}.abs() < {e}, torch.copysign(torch.full_like({x}, {e}), {x}), {x})"
-        else:
-            g = a
-        return render(n0, a0) + g + render(a1, n1)
-
-    return rewrite
-
-
-def _match_stable(guard: Guard, node):
-    """``log(softmax(z, d))`` -> ``log_softmax(z, d)``, ``log(sigmoid(z))`` -> ``logsigmoid(z)``,
-    ``log(1 - sigmoid(z))`` -> ``logsigmoid(-z)``, when the softmax / sigmoid is in the same call."""
-    import ast
-
-    func = node.func
-    method = isinstance(func, ast.Attribute) and _dotted(func.value) not in _MODULES
-    arg = func.value if method else (node.args[0] if node.args else None)
-    scale = "" if guard.op == "log" else f" / {math.log(2 if guard.op == 'log2' else 10)!r}"
-
-    def called(n, names):
-        if isinstance(n, ast.Call):
-            f = n.func
-            nm = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-            if nm in names:
-                m = isinstance(f, ast.Attribute) and _dotted(f.value) not in _MODULES
-                return n, m
-        return None
-
-    negate = False
-    inner = called(arg, ("softmax",))
-    if inner is None:
-        inner = called(arg, ("sigmoid",))
-        if inner is None and isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Sub) \
-                and isinstance(arg.left, ast.Constant) and arg.left.value == 1:
-            inner, negate = called(arg.right, ("sigmoid",)), True
-        if inner is None:
-            return None
-    call, m = inner
-    n0, n1 = node.col_offset, node.end_col_offset
-
-    def rewrite(render, body) -> str:
-        name = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id
-        if name == "softmax":
-            f0 = call.func.end_col_offset - len("softmax")
-            g = render(call.col_offset, f0) + "log_softmax" + render(call.func.end_col_offset, call.end_col_offset)
-        else:
-            z = call.func.value if m else (call.args[0] if call.args else None)
-            if z is None:
-                return render(n0, n1)
-            zt = render(z.col_offset, z.end_col_offset)
-            if negate:
-                zt = f"-{zt}" if isinstance(z, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)) else f"-({zt})"
-            g = f"torch.nn.functional.logsigmoid({zt})"
-        return g + scale
-
-    return rewrite
-
-
-DIFF_FILE = "fix.diff"            # the recommended guard as a patch, in the finding folder
-TF_WHY = ("guards are implemented for PyTorch programs only: CDeepFuzz applies a guard without editing the "
-          "program, by intercepting the op's call at its source line above autograd (PyTorch's "
-          "TorchFunctionMode); TensorFlow has no such hook for eager and tf.function code alike, so a guard "
-          "there has to be written into the source by hand, then `cdeepfuzz replay FINDING` checks it")
-# What to write by hand in a TensorFlow program (not verified by CDeepFuzz): eps, not tiny, keeps the
-# gradient finite too (d rsqrt/dx at tiny overflows).
-TF_HINTS = {
-    "log": "tf.math.log(tf.maximum(x, eps))", "log2": "tf.math.log(tf.maximum(x, eps)) / math.log(2.0)",
-    "log10": "tf.math.log(tf.maximum(x, eps)) / math.log(10.0)", "log1p": "tf.math.log1p(tf.maximum(x, -1 + eps))",
-    "sqrt": "tf.sqrt(tf.maximum(x, eps))", "rsqrt": "tf.math.rsqrt(tf.maximum(x, eps))",
-    "xlogy": "tf.math.xlogy(x, tf.maximum(y, eps))",
-    "div": "a / tf.where(tf.abs(b) < eps, tf.where(b < 0, -eps, eps), b)",
-    "reciprocal": "1 / tf.where(tf.abs(x) < eps, tf.where(x < 0, -eps, eps), x)",
-    "exp": "tf.exp(tf.minimum(x, math.log(dtype_max) - 20 * math.log(2.0)))",
-    "acos": "tf.acos(tf.clip_by_value(x, -1 + eps, 1 - eps))",
-    "asin": "tf.asin(tf.clip_by_value(x, -1 + eps, 1 - eps))",
-    "atanh": "tf.atanh(tf.clip_by_value(x, -1 + eps, 1 - eps))", "acosh": "tf.acosh(tf.maximum(x, 1 + eps))",
-    "pow": "tf.pow(tf.maximum(x, eps), e)",
-}
 
 
 def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET, *, device: str = "cpu",
                        runner=None, roots: tuple[Path | str, ...] = (".",)) -> dict[str, Any]:
-    """Suggest guards for a finding, verify them in order (forward and backward, reproducer and
-    search), write the ``fix`` section (and ``fix.diff``: the recommended guard as a patch of the
-    user's source, found from ``roots``); return it."""
+    """Suggest guards for a finding, write each as a patch of the user's source (found from
+    ``roots``), verify those that have one in order (forward and backward, reproducer and search),
+    write the ``fix`` section (and ``fix.diff``: the verified guard's patch); return it."""
     from fuzz_core.backends.base import Precision, RunnerOptions
     from fuzz_core.engine import TargetSpec, build_runner, moved
 
@@ -764,84 +634,135 @@ def suggest_and_verify(finding_folder: Path | str, budget: int = DEFAULT_BUDGET,
     report = loaded.report
     now, moves = moved(report)              # the op is guarded where its line of code sits now
     site = OpSite.from_dict(now["site"])
+    target = guarded_op(now, report)
     t = report["target"]
     weights = report.get("trigger") == "weights"
-    fix: dict[str, Any] = {"budget": int(budget), "site": site.label, "location": site.location,
-                           "source": source_line(site.location) or "",
+    fix: dict[str, Any] = {"budget": int(budget), "site": site.label, "guarded": target.what,
+                           **({"note": target.why} if target.op and target.why else {}),
+                           "location": target.location, "source": source_line(target.location) or "",
                            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if moves:
         fix["moved"] = moves
-    if (t.get("framework") or "torch") != "torch":
-        hint = TF_HINTS.get(site.op)
-        return _write(folder, report, {**fix, "status": "no suggestion", "attempts": [], "recommended": None,
-                                       "diff": None, "hint": hint,
-                                       "message": f"no suggestion: {TF_WHY}"
-                                                  + (f"; for example (not verified): {hint}" if hint else "")})
+
+    def none(why: str, attempts: list[Attempt] = ()) -> dict[str, Any]:
+        _clear_diff(folder)
+        return _write(folder, report, {**fix, "status": "no suggestion", "attempts": [a.to_dict() for a in attempts],
+                                       "recommended": None, "diff": None,
+                                       "message": f"no fix for the {target.what}: {why}."})
+
+    if framework_of(report) != "torch":
+        return none(TF_WHY)
+    if target.op is None:
+        return none(target.why)
     if runner is None:
         runner = build_runner(TargetSpec.from_dict(t), RunnerOptions(device=device, search_weights=weights,
                                                                      precision=Precision.from_dict(report.get("precision"))))
-    calls = probe_calls(runner, site, loaded.inputs, loaded.state, int(report.get("step_seed", 0)))
-    guards = suggest(site.op, site.location, _merge(calls)) if calls else []
-    if not guards:
-        why = (f"the {site.op} at {site.location} is not called from Python (it runs inside a fused or C++ "
-               f"function), so no function-level guard reaches it" if not calls else f"no guard for {site.op}")
-        return _write(folder, report, {**fix, "status": "no suggestion", "attempts": [], "recommended": None,
-                                       "diff": None, "message": f"no suggestion: {why}"})
-    attempts = []
-    for guard in guards:
-        attempt = verify(runner, site, loaded, guard, budget, report.get("strategy", "adaptive"),
-                         int(t.get("seed", 0)), weights)
-        attempts.append(attempt)
-        log.info("fix %s for %s: %s in %d steps", guard.description, site.label, attempt.status, attempt.steps)
-        if attempt.status == "verified":
-            break
-    good = next((a for a in attempts if a.status == "verified"), None)
-    replayed = ("replayed the finding's input under the guard: finite forward and backward (the guarded op's "
-                "gradient also at the guard's bounds)")
-    if good is not None and good.guard.name == "stable_log":
-        replayed = ("replayed the finding's input under the rewrite: finite forward (log_softmax and logsigmoid "
-                    "have a finite gradient everywhere)")
-    if good is not None and not good.sites:
-        message = (f"verified ({good.guard.description}): {replayed}; the guarded program has no suspect op "
-                   f"left to search (0 steps searched)")
-    elif good is not None:
-        message = (f"verified ({good.guard.description}): {replayed}; searched {good.steps} steps over "
-                   f"{len(good.sites)} suspect op(s) of the guarded program (at most {budget} each) for another "
-                   f"trigger, forward and backward: none")
-    else:
-        last = attempts[-1]
+    calls = probe_calls(runner, site, loaded.inputs, loaded.state, int(report.get("step_seed", 0)),
+                        (target.op, target.location, target.column))
+    if not calls:
+        return none("it is not called from Python code (it runs inside a fused or C++ function called there), "
+                    "so no guard at that call reaches it")
+    attempts = _attempts(suggest(target.op, target.location, _merge(calls), target.column), roots,
+                         lambda guard: verify(runner, site, loaded, guard, budget, report.get("strategy", "adaptive"),
+                                              int(t.get("seed", 0)), weights))
+    tried = [a for a in attempts if a.status != "no patch"]
+    if not tried:
+        return none(f"no guard can be written as a patch of its line, as {attempts[-1].why}" if attempts else
+                    f"there is no guard for {target.op}", attempts)
+    return _write(folder, report, {**fix, **_verdict(folder, target, attempts, budget), "probe": calls[:8]})
+
+
+def _verdict(folder: Path, target: Guarded, attempts: list[Attempt], budget: int) -> dict[str, Any]:
+    """The ``fix`` section's verdict when guards were tried: the first verified one, with its patch
+    (written to ``fix.diff``), or none and what the last one tried still let through."""
+    tried = [a for a in attempts if a.status != "no patch"]
+    good = next((a for a in tried if a.status == "verified"), None)
+    saved = [_saved(folder, i, a) for i, a in enumerate(attempts)]
+    if good is None:
+        last = tried[-1]
         res = last.residual or {}
         what = res.get("explanation") if last.status == "error" else (
             f"a {res.get('explanation')} remains (found in {res.get('searched')}, step {res.get('step')})")
-        message = f"not sufficient: {len(attempts)} guard(s) tried; with {last.guard.description}: {what}"
-    patches = [source_patch(a.guard, roots) for a in attempts]
-    saved = [_saved(folder, i, a) for i, a in enumerate(attempts)]
-    for d, patch in zip(saved, patches):
-        d["diff"] = patch["diff"] if patch else None
-    diff = patches[attempts.index(good)] if good is not None else None
-    diff_file = folder / DIFF_FILE
-    if diff:
-        diff_file.write_text(diff["diff"], encoding="utf-8")
-    elif diff_file.exists():
-        diff_file.unlink()                   # a stale patch of an earlier verdict
-    section = {**fix, "status": "verified" if good else "not sufficient", "message": message,
-               "recommended": good.guard.to_dict() if good else None, "probe": calls[:8],
-               "checked": {"replay": "forward and backward", "steps": good.steps if good else None,
-                           "sites": len(good.sites) if good else None},
-               "diff": diff["diff"] if diff else None, "diff_file": DIFF_FILE if diff else None,
-               "attempts": saved}
-    return _write(folder, report, section)
+        _clear_diff(folder)
+        return {"status": "not sufficient", "recommended": None, "diff": None, "diff_file": None,
+                "message": (f"no fix for the {target.what}: {len(tried)} guard(s) tried and none keeps the program "
+                            f"finite; with {last.guard.description}: {what}."),
+                "checked": {"replay": "forward and backward", "steps": None, "sites": None}, "attempts": saved}
+    replayed = ("replayed the finding's input under the guard: finite forward and backward (the guarded op's "
+                "gradient also at the guard's bounds)")
+    if good.guard.name == "stable_log":
+        replayed = ("replayed the finding's input under the rewrite: finite forward (log_softmax and logsigmoid "
+                    "have a finite gradient everywhere)")
+    searched = (f"searched {good.steps} steps over {len(good.sites)} suspect op(s) of the guarded program (at most "
+                f"{budget} each) for another trigger, forward and backward: none" if good.sites else
+                "the guarded program has no suspect op left to search (0 steps searched)")
+    note = f" ({target.why})" if target.why else ""
+    (folder / DIFF_FILE).write_text(good.patch["diff"], encoding="utf-8")
+    return {"status": "verified", "message": f"verified ({good.guard.description}): {replayed}; {searched}{note}",
+            "recommended": good.guard.to_dict(), "diff": good.patch["diff"], "diff_file": DIFF_FILE,
+            "checked": {"replay": "forward and backward", "steps": good.steps, "sites": len(good.sites)},
+            "attempts": saved}
+
+
+def _attempts(guards: list[Guard], roots: tuple[Path | str, ...], check) -> list[Attempt]:
+    """Each guard written as a patch (one that cannot be is not tried: its attempt says why) and
+    ``check``-ed in order, up to the first verified; when what a guard still lets through is another
+    call of its op on its line, the guards from there on are at every call on the line."""
+    attempts: list[Attempt] = []
+    queue, line_wide = list(guards), False
+    while queue:
+        guard = queue.pop(0)
+        if line_wide and guard.column is not None:
+            guard = replace(guard, column=None, description=f"{guard.description}, at every {guard.op} on its line")
+        written, why = patch(guard, roots)
+        if written is None:
+            attempts.append(Attempt(guard, "no patch", 0, [], 0.0, why=why))
+            continue
+        attempt = check(replace(guard, code=written["after"]))
+        attempt.patch = written
+        attempts.append(attempt)
+        log.info("fix %s at %s: %s in %d steps", guard.description, guard.position, attempt.status, attempt.steps)
+        if attempt.status == "verified":
+            break
+        if not line_wide and guard.column is not None and _same_line(attempt, guard):
+            line_wide = True
+            queue.insert(0, guard)
+    return attempts
+
+
+def _same_line(attempt: Attempt, guard: Guard) -> bool:
+    """What still went non-finite under ``guard`` is another call of its op on its line."""
+    first = (attempt.residual or {}).get("first_op") or {}
+    return (first.get("location") == guard.location and first.get("column") not in (None, guard.column)
+            and _forward(str(first.get("op", ""))) == guard.op)
+
+
+
+def framework_of(report: dict[str, Any]) -> str:
+    """The framework of a finding: its target's, else the one its versions name (a campaign may leave
+    ``framework`` out: it is then inferred from the Target the factory returned)."""
+    named = (report.get("target") or {}).get("framework")
+    if named:
+        return str(named)
+    versions = report.get("versions") or {}
+    return "tensorflow" if "tensorflow" in versions and "torch" not in versions else "torch"
+
+
+def _clear_diff(folder: Path) -> None:
+    """No verified guard: a ``fix.diff`` of an earlier verdict goes."""
+    (folder / DIFF_FILE).unlink(missing_ok=True)
 
 
 def _merge(calls: list[dict[str, Any]]) -> dict[str, Any]:
-    """One description of the calls at a location: the first dtype, their provenances when every
-    call has one (a stable rewrite then covers them all), the lowest exponent of a pow."""
+    """One description of the calls at a location: the first dtype, their provenance when every call
+    has the same (a stable rewrite then covers them all), the lowest exponent of a pow, an mvlgamma's p."""
     tensors = [c for c in calls if c.get("tensor")]
-    provenance = [c.get("provenance") for c in tensors]
+    provenance = [tuple(c["provenance"]) if c.get("provenance") else None for c in tensors]
     exponents = [c["exponent"] for c in calls if c.get("exponent") is not None]
+    ps = [c["p"] for c in calls if c.get("p") is not None]
     return {"dtype": tensors[0]["dtype"] if tensors else "float32",
             "provenance": sorted(set(provenance)) if provenance and None not in provenance else [],
-            "exponent": min(exponents) if exponents else None}
+            "exponent": min(exponents) if exponents else None, "p": max(ps) if ps else None}
 
 
 def _saved(folder: Path, i: int, attempt: Attempt) -> dict[str, Any]:

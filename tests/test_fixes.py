@@ -91,24 +91,45 @@ def test_guard_is_applied_above_autograd_at_its_location_only():
     assert torch.isinf(_log_of(torch.softmax(z.detach(), dim=1))[0, 0])   # without the mode: -inf
 
 
+def _two_logs_of(x):
+    return torch.log(x) + torch.log(x - 1)
+
+
+def test_a_guard_with_a_column_guards_that_call_alone():
+    line = f"{HERE}:{_two_logs_of.__code__.co_firstlineno + 1}"
+    second = len("    return torch.log(x) + ") + 1           # 1-based column where the second call starts
+    x = torch.tensor([0.5, -1.0])
+    with guard_mode([Guard("clamp_min", "log", line, {"lo": 1e-7}, column=second)]):
+        y = _two_logs_of(x)
+    assert torch.isfinite(y[0]) and torch.isnan(y[1])                    # log(x - 1) clamped, log(x) not
+    with guard_mode([Guard("clamp_min", "log", line, {"lo": 1e-7}, column=1)]):
+        assert torch.isnan(_two_logs_of(x)).all()                        # no call starts at column 1: none guarded
+    with guard_mode([Guard("clamp_min", "log", line, {"lo": 1e-7})]):    # no column: every call on the line
+        assert torch.isfinite(_two_logs_of(torch.tensor([0.5, -3.0]))).all()
+
+
 def test_suggestions_follow_the_op_and_its_inputs():
     names = lambda op, probe={}: [(g.name, g.params) for g in suggest(op, "f.py:1", probe)]  # noqa: E731
-    assert names("log", {"provenance": ["softmax"]})[0] == ("stable_log", {})
+    stable = suggest("log", "f.py:1", {"provenance": [("softmax", "f.py:0:5")]}, column=3)[0]
+    assert (stable.name, stable.source, stable.origin, stable.column) == ("stable_log", "softmax", "f.py:0:5", 3)
+    assert [n for n, _ in names("log", {"provenance": [("softmax", "a.py:1:1"), ("softmax", "b.py:1:1")]})] == [
+        "clamp_min", "clamp_min"]                                # two softmaxes feed the call: no one rewrite
     assert [n for n, _ in names("log")] == ["clamp_min", "clamp_min"]
     assert names("sqrt")[0] == ("clamp_min", {"lo": 0.0})
     assert names("div")[0][0] == "abs_min" and names("exp")[0][1]["hi"] < 88.73
     assert names("pow", {"exponent": -0.5})[0][1]["lo"] > 0 and names("pow", {"exponent": 0.5})[0][1]["lo"] == 0
     assert names("acos")[0][1] == {"lo": -1.0, "hi": 1.0}
     assert [p["lo"] for _, p in names("acosh")] == [1.0, 1.0 + float(torch.finfo(torch.float32).eps)]
-    assert names("lgamma") == []
-    assert "clamp_min" in suggest("log", "f.py:1", {})[0].code
+    assert names("mvlgamma", {"p": 3})[0][1]["lo"] == pytest.approx(1.0, abs=1e-6)   # (p - 1) / 2, and eps
+    assert names("lgamma") == [] and names("digamma") == []
+    assert suggest("log", "f.py:1", {})[0].code == ""             # written by the patch, with the line's names
 
 
 # -- verified on real subjects --------------------------------------------------------------------------
 @pytest.mark.parametrize("name,entry,op,occurrence,first_status", [
     ("vae", "campaigns/targets/vae_sqrt_var.py:make_target", "sqrt", 0, "not sufficient"),   # sqrt(0) -> log(0) later
     ("divexp", "campaigns/targets/div_sum_exp.py:make_target", "div", 0, "not sufficient"),  # d(a/b)/db at tiny
-    ("sig", "campaigns/targets/log_one_minus_sigmoid.py:make_target", "log", 1, "verified"),   # log(1 - sigmoid)
+    ("sig", "campaigns/targets/log_one_minus_sigmoid.py:make_target", "log", 1, "no patch"),   # log(1 - sigmoid)
 ])
 def test_a_fix_is_verified_on_real_subjects(tmp_path: Path, name, entry, op, occurrence, first_status):
     runner, folder = _found(tmp_path, name, entry, op, occurrence)
@@ -117,7 +138,7 @@ def test_a_fix_is_verified_on_real_subjects(tmp_path: Path, name, entry, op, occ
     assert fix["status"] == "verified", fix["message"]
     assert fix["message"].startswith("verified")
     assert fix["attempts"][0]["status"] == first_status
-    assert fix["recommended"] == fix["attempts"][-1]["guard"]
+    assert fix["recommended"] == fix["attempts"][-1]["guard"] and fix["diff"] == fix["attempts"][-1]["diff"]
     if name == "vae":        # the first guard (clamp to 0) gives std = 0 and log(std) = -inf on the next line
         residual = fix["attempts"][0]["residual"]
         assert residual["first_op"]["op"] == "log" and residual["first_op"]["location"].endswith("vae_sqrt_var.py:53")
@@ -126,8 +147,15 @@ def test_a_fix_is_verified_on_real_subjects(tmp_path: Path, name, entry, op, occ
         residual = fix["attempts"][0]["residual"]
         assert residual["phase"] == "backward" and "at the guard's bound" in residual["explanation"]
         assert fix["attempts"][0]["guard"]["params"]["eps"] == pytest.approx(float(torch.finfo(torch.float32).tiny))
-    if name == "sig":        # log(sigmoid) and log(1 - sigmoid) become logsigmoid
-        assert fix["recommended"]["name"] == "stable_log" and "logsigmoid" in fix["recommended"]["code"]
+    if name == "sig":        # logsigmoid(-z) needs z, which the log's line does not hold: the clamp
+        assert fix["attempts"][0]["guard"]["name"] == "stable_log"
+        assert fix["attempts"][0]["why"] == (
+            "logsigmoid needs the input of the sigmoid that computed `1 - p`, and line 43 of "
+            "campaigns/targets/log_one_minus_sigmoid.py does not hold it (the sigmoid runs at "
+            "campaigns/targets/log_one_minus_sigmoid.py:42:9)")
+        assert fix["recommended"]["name"] == "clamp_min" and fix["recommended"]["column"] == 43
+        assert fix["recommended"]["code"] == ("return -(y * torch.log(p) + (1 - y) * torch.log((1 - p).clamp_min("
+                                              "1.1754944e-38))).mean()")
     else:
         # every site of the guarded program is searched, the backward hazards of one that trains too
         expected = {"vae": 4, "divexp": 2}[name]     # vae: sqrt, log and their backward rows
@@ -140,8 +168,9 @@ def test_same_bug_at_another_site_is_not_sufficient_through_the_cli(tmp_path: Pa
     report = json.loads((folder / "finding.json").read_text())
     res = CliRunner().invoke(app, ["fix", str(folder), "--budget", str(BUDGET)])
     assert res.exit_code == 1, res.output
-    assert res.output.startswith("not sufficient")
     fix = _fix_of(folder)
+    assert res.output.startswith(f"no fix for the log at {report['site']['location']}:") and fix["message"] in res.output
+    assert "2 guard(s) tried and none keeps the program finite" in fix["message"]
     assert fix["status"] == "not sufficient" and fix["recommended"] is None and len(fix["attempts"]) == 2
     for attempt in fix["attempts"]:
         first = attempt["residual"]["first_op"]

@@ -71,7 +71,8 @@ def test_a_finding_replays_after_an_edit_moved_its_line_and_not_after_its_line_c
     fix = suggest_and_verify(folder, 20)              # `cdeepfuzz fix` guards the op on its line as it is now
     assert fix["location"] == "movable.py:15" and fix["source"] == "return -torch.log(p).mean()"
     assert fix["moved"] and fix["status"] == "verified", fix
-    assert fix["recommended"]["name"] == "stable_log" and fix["recommended"]["location"] == "movable.py:15"
+    assert fix["recommended"]["name"] == "clamp_min" and fix["recommended"]["location"] == "movable.py:15"
+    assert fix["attempts"][0]["why"].startswith("log_softmax needs the input of the softmax that computed `p`")
 
     program.write_text(MOVABLE.replace("torch.log(p)", "torch.log(p.clamp_min(1e-30))"))   # the fix
     got = replay()

@@ -225,6 +225,7 @@ def fix(folder: Path = typer.Argument(..., help="a finding folder, or its findin
     it as a patch of the source line and record the verdict in finding.json and MLflow; exit 0 if verified."""
     from fuzz_core.findings import FindingError
     from orchestrator.commands.fix import fix as suggest
+    from orchestrator.commands.fix import shown
     from orchestrator.commands.replay import ReplayError, TargetBroken
 
     try:
@@ -233,18 +234,8 @@ def fix(folder: Path = typer.Argument(..., help="a finding folder, or its findin
         _fail(str(exc))
     except TargetBroken as exc:
         _target_failed(f"target {exc.name}", exc.failure)
-    typer.echo(section["message"])
-    for attempt in section.get("attempts", []):
-        residual = attempt.get("residual") or {}
-        typer.echo(f"  - {attempt['guard']['description']}: {attempt['status']} ({attempt['steps']} steps)"
-                   + (f": {residual.get('explanation')}" if residual else ""))
-    if section.get("diff"):
-        typer.echo(section["diff"].rstrip("\n"))
-    elif section.get("recommended"):
-        typer.echo(f"guard (write it at {section['location']}): {section['recommended']['code']}")
-    mlflow = section.get("mlflow") or {}
-    if mlflow.get("message"):
-        typer.echo(mlflow["message"])
+    for line in shown(section):
+        typer.echo(line)
     raise typer.Exit(0 if section["status"] == "verified" else 1)
 
 

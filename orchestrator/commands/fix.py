@@ -1,16 +1,19 @@
-"""``cdeepfuzz fix FINDING``: suggest a guard at the op and verify it by searching the guarded program.
+"""``cdeepfuzz fix FINDING``: a guard at the op, verified by searching the guarded program, printed as a
+patch of the user's line; or one sentence that says there is no fix, and why.
 
 ``FINDING`` is a finding folder or one of its files (``finding.json``), resolved as ``replay``
-resolves it. The verdict is written into ``finding.json`` (section ``fix``; the recommended guard
-as a patch in ``fix.diff``) and recorded on the finding's MLflow run, beside the finding: tags
-``fix.verdict``, ``fix.guard``, ``fix.message``, ``fix.steps`` and the artifacts
+resolves it; any finding folder: a site's own finding or one its search passed on the way (the op
+guarded is the one that went non-finite first, :func:`fuzz_core.fixes.guarded_op`). The verdict is
+written into ``finding.json`` (section ``fix``; the verified guard's patch in ``fix.diff``, for
+``git apply`` in the folder the campaign ran in) and recorded on the finding's MLflow run, beside the
+finding: tags ``fix.verdict``, ``fix.guard``, ``fix.message``, ``fix.steps`` and the artifacts
 ``finding/finding.json`` and ``finding/fix.diff``. The tracking store is found as every command
 finds it (:func:`orchestrator.config.resolve_tracking_uri`: ``--tracking-uri``, the run's own,
 ``MLFLOW_TRACKING_URI``); when none is reachable, one line says so and ``finding.json`` still
 holds the verdict.
 
-Exit codes as ``replay``: 0 verified, 1 not, 2 usage, 3 the target could not be built or its program
-raised (the same line as ``cdeepfuzz run``), 5 an internal error of CDeepFuzz."""
+Exit codes as ``replay``: 0 a verified fix (its diff printed), 1 none, 2 usage, 3 the target could not
+be built or its program raised (the same line as ``cdeepfuzz run``), 5 an internal error of CDeepFuzz."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,7 +29,7 @@ def fix(folder: Path, budget: int, trust: bool = False, device: str = "cpu",
     from fuzz_core.backends.base import Precision, RunnerOptions
     from fuzz_core.engine import TargetSpec
     from fuzz_core.findings import FindingError, load_finding
-    from fuzz_core.fixes import suggest_and_verify
+    from fuzz_core.fixes import framework_of, suggest_and_verify
     from orchestrator.commands.replay import (ReplayError, TargetBroken, build_target, check_entry_exists,
                                               check_trusted, finding_folder)
     from orchestrator.run.failures import from_exception
@@ -38,7 +41,7 @@ def fix(folder: Path, budget: int, trust: bool = False, device: str = "cpu",
         raise ReplayError(str(exc)) from None
     entry = str(report["target"].get("entry", ""))
     runner = None
-    if (report["target"].get("framework") or "torch") == "torch":
+    if framework_of(report) == "torch":
         check_trusted(entry, trust)
         check_entry_exists(entry, folder)
         runner = build_target(TargetSpec.from_dict(report["target"]),
@@ -51,6 +54,24 @@ def fix(folder: Path, budget: int, trust: bool = False, device: str = "cpu",
     section["mlflow"] = record(folder, section, tracking_uri)
     _update(folder, section)
     return section
+
+
+def shown(section: dict[str, Any]) -> list[str]:
+    """What ``cdeepfuzz fix`` prints: the verdict in one line (the diff's guard, or "no fix for the ...: why."),
+    each guard tried (or not written, and why), the patch, and where MLflow recorded it."""
+    out = [section["message"]]
+    for attempt in section.get("attempts", []):
+        residual = attempt.get("residual") or {}
+        if attempt["status"] == "no patch":
+            out.append(f"  - {attempt['guard']['description']}: not written: {attempt.get('why')}")
+            continue
+        out.append(f"  - {attempt['guard']['description']}: {attempt['status']} ({attempt['steps']} steps)"
+                   + (f": {residual.get('explanation')}" if residual else ""))
+    if section.get("diff"):
+        out.append(section["diff"].rstrip("\n"))
+    if (section.get("mlflow") or {}).get("message"):
+        out.append(section["mlflow"]["message"])
+    return out
 
 
 def _update(folder: Path, section: dict[str, Any]) -> None:
