@@ -1,4 +1,5 @@
-"""A start in seconds: recording ops imports no ``torch._dynamo`` (until something compiles).
+"""A start in seconds: recording ops imports no ``torch._dynamo`` (until something compiles), and
+``cdeepfuzz run --profile`` says where the seconds of a run went, from the start of its process.
 
 Each check runs in a fresh interpreter: this one may have imported ``torch._dynamo`` already."""
 from __future__ import annotations
@@ -8,6 +9,10 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
+
+from orchestrator import phases
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,3 +80,51 @@ def test_once_dynamo_is_imported_the_recorder_runs_with_dynamo_switched_off_and_
     assert out.returncode == 0, out.stderr
     for line in ("same sites True", "same sites compiled True", "dynamo's own True"):
         assert line in out.stdout, out.stdout + out.stderr
+
+
+def test_profile_prints_each_phase_from_process_start_and_the_heavy_imports(tmp_path: Path):
+    campaign = tmp_path / "one.yaml"
+    campaign.write_text(textwrap.dedent(f"""\
+        name: one
+        targets:
+          - {{name: sig, entry: tests/targets/faults.py:make_target}}
+        search: {{strategy: adaptive, max_steps: 10, seed: 0, minimise: false}}
+        scheduler: {{policy: round-robin, quantum: 10}}
+        resources: {{num_actors: 0}}
+        device: cpu
+        output: {tmp_path / 'runs'}
+        tracking: {{enabled: false}}
+        """))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(campaign), "--local", "--quiet",
+                          "--profile", "--no-metrics"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode in (0, 1), out.stderr
+    assert out.stdout == ""                              # the profile goes to stderr, as the closing lines
+    lines = out.stderr.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("cdeepfuzz: profile: "))
+    assert "from process start" in lines[head]
+    names = [line.split("  ")[1].strip() for line in lines[head + 1:] if line.startswith("  ") and " s  (at " in line]
+    for name in ("python start", "CLI imports (typer, pydantic)", "campaign read", "targets built, sites found",
+                 "search and confirmation", "run closed (MLflow, summary.json)"):
+        assert name in names, lines[head:]
+    imports = next(line for line in lines[head:] if "imports, inside the phases above" in line)
+    assert "torch " in imports and "torch._dynamo" not in imports and "mlflow" not in imports, imports
+    seconds = [float(line.split(" s  (at ")[0].rsplit(None, 1)[1]) for line in lines[head + 1:]
+               if " s  (at " in line]
+    total = float(lines[head].split("profile: ")[1].split(" s ")[0])
+    assert all(s >= 0 for s in seconds) and sum(seconds) <= total + 0.01
+
+
+def test_a_profile_starts_at_the_process_start_and_its_phases_add_up():
+    age = phases.process_age()
+    if age is None:
+        pytest.skip("no /proc: the profile starts at the CLI's first import")
+    assert 0 < age < 24 * 3600
+    profile = phases.Profile(origin=phases.PROFILE.origin, known_start=True)
+    profile.mark("one")
+    profile.mark("two")
+    text = phases.report(profile)
+    assert text.startswith("cdeepfuzz: profile: ") and "from process start" in text
+    assert [line.split()[0] for line in text.splitlines()[1:3]] == ["one", "two"]
+    assert profile.phases[0][1] >= profile.phases[1][1] >= 0      # "one" began at the process's start

@@ -72,6 +72,9 @@ def run(
     sarif: Optional[Path] = typer.Option(None, "--sarif", metavar="PATH",
                                          help="also write the findings as SARIF 2.1.0 (one result per finding at "
                                               "the user's file:line), for code scanning"),
+    profile: bool = typer.Option(False, "--profile",
+                                 help="at the end, print to stderr where the seconds went: each phase of the run "
+                                      "from process start, and the heavy imports (torch, mlflow, ray, ...)"),
 ) -> None:
     """Run a campaign: discover every suspect op site and search them.
 
@@ -79,6 +82,11 @@ def run(
     3 a target could not be built or its program raised; 4 stopped before completion (SIGTERM, SIGINT,
     time limit: continue with --resume); 5 internal error of CDeepFuzz (please report it).
     """
+    from orchestrator import phases
+
+    phases.mark("CLI imports (typer, pydantic)")
+    if profile:
+        phases.watch_imports()
     from orchestrator.commands.run import RunArgs, run as run_command
 
     try:
@@ -86,6 +94,8 @@ def run(
                                    quiet, plain, not no_metrics, ok_on_findings, junit_xml=junit_xml, sarif=sarif))
     except ConfigError as exc:
         _fail(str(exc))
+    if profile:
+        typer.echo(phases.report(), err=True)
     raise typer.Exit(code)
 
 
