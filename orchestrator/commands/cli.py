@@ -10,6 +10,7 @@ reproduced, 2 usage, 3 the target could not be built or its program raised, 5. `
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -266,6 +267,10 @@ def main() -> None:
         traceback.print_exc()
         print(f"cdeepfuzz: INTERNAL ERROR of CDeepFuzz ({BUG_REPORT})", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERNAL)
+    finally:
+        # The exit's garbage collections need not walk every object of torch, MLflow, ... (1-2 s):
+        # what is left is freed with the process.
+        gc.freeze()
 
 
 if __name__ == "__main__":
