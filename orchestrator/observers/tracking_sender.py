@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
-__all__ = ["SPOOL_NAME", "SpoolReplay", "default_sqlite_uri", "experiment_ids", "replay_spool"]
+__all__ = ["SPOOL_NAME", "SpoolReplay", "default_sqlite_uri", "experiment_ids", "replay_spool", "warm_up"]
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +106,32 @@ def _make_client(uri: str) -> MlflowClient:
     db = _sqlite_path(uri)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
-    from mlflow.tracking import MlflowClient
+    with _SETTING_UP:
+        from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
+        return MlflowClient(tracking_uri=uri)
+
+
+# One client made at a time in this process: MLflow keeps each URI's store (lru_cache), and a new
+# SQLite file gets its tables once, not from two threads at once (warm_up beside the writer).
+_SETTING_UP = threading.Lock()
+
+
+def warm_up(uri: str) -> threading.Thread:
+    """Import MLflow and set up ``uri``'s store (a new SQLite file's tables) in a thread, beside the
+    start of a run (Ray's start, building the targets): MLflow keeps the store, so the writer's client
+    finds it ready. Errors are left for the writer to meet and report. Not a daemon: an exit waits
+    for it rather than leave a SQLite file with half its tables."""
+
+    def set_up() -> None:
+        try:
+            _make_client(uri)
+        except Exception as exc:  # noqa: BLE001 - the writer meets it again, and spools or reports it
+            log.debug("tracking: warming up %s: %s", uri, exc)
+
+    thread = threading.Thread(target=set_up, name="cdeepfuzz-mlflow-warm-up")
+    thread.start()
+    return thread
 
 
 def _artifact_location(uri: str, experiment: str) -> str | None:

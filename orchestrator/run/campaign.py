@@ -29,7 +29,7 @@ from fuzz_core.search import SearchConfig
 from fuzz_core.status import ExitReason, RunState, SiteStatus
 from orchestrator.config import Campaign, ConfigError, check_cluster_settings, parse_campaign, resolve_tracking_uri
 from orchestrator.observers.base import Observer, Observers
-from orchestrator.observers.tracking_sender import SPOOL_NAME
+from orchestrator.observers.tracking_sender import SPOOL_NAME, warm_up
 from orchestrator.phases import mark
 from orchestrator.run import failures
 from orchestrator.run.controller import Controller, LoopLimits
@@ -147,6 +147,8 @@ def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop
                                 output=None) if campaign.tracking.enabled else None)
     check_cluster_settings(campaign, output, uri, path)
     root = resume_dir.parent if resume_dir is not None else Path(output)
+    if campaign.tracking.enabled:      # MLflow's import and store set-up beside Ray's start and discovery
+        warm_up(uri or resolve_tracking_uri(None, output=root))
     local = options.local or campaign.resources.num_actors == 0
     specs = target_specs(campaign)
     executor = (LocalExecutor(worker_options(campaign), campaign.quantum_timeout_s, stop) if local
