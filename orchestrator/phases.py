@@ -53,7 +53,8 @@ class Profile:
 def _start() -> Profile:
     age = process_age()
     now = time.perf_counter()
-    return Profile(now - age if age is not None and 0 <= age < 3600 else now, age is not None)
+    known = age is not None and 0 <= age < 3600      # else a clock this kernel keeps otherwise
+    return Profile(now - age if known else now, known)
 
 
 PROFILE = _start()
