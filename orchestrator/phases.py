@@ -36,15 +36,17 @@ class Profile:
 
     origin: float                                  # perf_counter() value of the process's start
     known_start: bool                              # origin is the process's start, not this module's import
-    phases: list[tuple[str, float]] = field(default_factory=list)
+    phases: list[tuple[str, float, float]] = field(default_factory=list)   # name, seconds, CPU seconds
     imports: dict[str, float] = field(default_factory=dict)
     _last: float = 0.0
+    _last_cpu: float = 0.0
 
     def mark(self, name: str) -> None:
-        """The phase ``name`` ends now; it began at the previous mark."""
-        now = time.perf_counter()
-        self.phases.append((name, now - (self._last or self.origin)))
-        self._last = now
+        """The phase ``name`` ends now; it began at the previous mark. Its CPU time is the process's
+        (every thread's: the MLflow writer's too) over the phase."""
+        now, cpu = time.perf_counter(), time.process_time()
+        self.phases.append((name, now - (self._last or self.origin), cpu - self._last_cpu))
+        self._last, self._last_cpu = now, cpu
 
     def total(self) -> float:
         return time.perf_counter() - self.origin
@@ -118,15 +120,16 @@ def watch_imports(names: tuple[str, ...] = WATCHED) -> None:
 
 
 def report(profile: Profile = PROFILE) -> str:
-    """The phases with their seconds, then the watched imports (with the phase each one fell in)."""
+    """The phases with their seconds (and the process's CPU seconds: less than the phase's own where it
+    waited, on Ray or a disk, or the machine was busy), then the watched imports."""
     total = profile.total()
     origin = "process start" if profile.known_start else "the CLI's first import (process start unknown)"
     lines = [f"cdeepfuzz: profile: {total:.2f} s from {origin} to the end of the run"]
-    width = max((len(name) for name, _ in profile.phases), default=0)
+    width = max((len(name) for name, *_ in profile.phases), default=0)
     at = 0.0
-    for name, seconds in profile.phases:
+    for name, seconds, cpu in profile.phases:
         at += seconds
-        lines.append(f"  {name:<{width}}  {seconds:6.2f} s  (at {at:6.2f} s)")
+        lines.append(f"  {name:<{width}}  {seconds:6.2f} s  (CPU {cpu:6.2f} s; at {at:6.2f} s)")
     rest = total - at
     if profile.phases and rest > 0.005:
         lines.append(f"  {'(until this report)':<{width}}  {rest:6.2f} s")

@@ -5,6 +5,7 @@ Each check runs in a fresh interpreter: this one may have imported ``torch._dyna
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -99,16 +100,19 @@ def test_profile_prints_each_phase_from_process_start_and_the_heavy_imports(tmp_
     lines = out.stderr.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("cdeepfuzz: profile: "))
     assert "from process start" in lines[head]
-    names = [line.split("  ")[1].strip() for line in lines[head + 1:] if line.startswith("  ") and " s  (at " in line]
+    phase = re.compile(r"^  (.+?)\s+(\d+\.\d+) s  \(CPU\s+(\d+\.\d+) s; at\s+(\d+\.\d+) s\)$")
+    rows = [m.groups() for m in map(phase.match, lines[head + 1:]) if m]
+    names = [name for name, *_ in rows]
     for name in ("python start", "CLI imports (typer, pydantic)", "campaign read", "targets built, sites found",
                  "search and confirmation", "run closed (MLflow, summary.json)"):
         assert name in names, lines[head:]
     imports = next(line for line in lines[head:] if "imports, inside the phases above" in line)
     assert "torch " in imports and "torch._dynamo" not in imports and "mlflow" not in imports, imports
-    seconds = [float(line.split(" s  (at ")[0].rsplit(None, 1)[1]) for line in lines[head + 1:]
-               if " s  (at " in line]
+    seconds = [float(wall) for _, wall, _, _ in rows]
     total = float(lines[head].split("profile: ")[1].split(" s ")[0])
     assert all(s >= 0 for s in seconds) and sum(seconds) <= total + 0.01
+    assert abs(float(rows[-1][3]) - sum(seconds)) < 0.05            # "at" is where each phase ended
+    assert 0 < sum(float(cpu) for _, _, cpu, _ in rows) < 2 * total   # two cores at most, and more than none
 
 
 def test_a_profile_starts_at_the_process_start_and_its_phases_add_up():
@@ -123,3 +127,4 @@ def test_a_profile_starts_at_the_process_start_and_its_phases_add_up():
     assert text.startswith("cdeepfuzz: profile: ") and "from process start" in text
     assert [line.split()[0] for line in text.splitlines()[1:3]] == ["one", "two"]
     assert profile.phases[0][1] >= profile.phases[1][1] >= 0      # "one" began at the process's start
+    assert profile.phases[0][2] > 0                                # this process's CPU since it started
