@@ -128,3 +128,23 @@ def test_a_profile_starts_at_the_process_start_and_its_phases_add_up():
     assert [line.split()[0] for line in text.splitlines()[1:3]] == ["one", "two"]
     assert profile.phases[0][1] >= profile.phases[1][1] >= 0      # "one" began at the process's start
     assert profile.phases[0][2] > 0                                # this process's CPU since it started
+
+
+@pytest.mark.mlflow
+def test_warm_up_sets_up_a_new_store_beside_the_run_and_the_writer_finds_it_ready(tmp_path: Path):
+    import sqlite3
+
+    from orchestrator.observers.tracking_sender import _make_client, warm_up
+
+    db = tmp_path / "out" / "mlflow.db"
+    uri = "sqlite:///" + db.as_posix()
+    thread = warm_up(uri)
+    writer = _make_client(uri)                   # the writer, while the warm-up may still run: it waits
+    thread.join(timeout=300)
+    assert not thread.is_alive() and not thread.daemon
+    with sqlite3.connect(db) as con:             # the store's tables, made once
+        tables = {name for (name,) in con.execute("select name from sqlite_master where type='table'")}
+    assert {"experiments", "runs", "metrics"} <= tables
+    assert writer._tracking_client.store is _make_client(uri)._tracking_client.store   # one store per URI
+    experiment = writer.create_experiment("warm")
+    assert writer.get_experiment(experiment).name == "warm"

@@ -98,6 +98,11 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
+# One client made at a time in this process: MLflow keeps each URI's store (lru_cache), and a new
+# SQLite file gets its tables once, not from two threads at once (warm_up beside the writer).
+_SETTING_UP = threading.Lock()
+
+
 def _make_client(uri: str) -> MlflowClient:
     """An ``MlflowClient`` with short HTTP retries; creates a SQLite file's folder."""
     if uri.startswith(("http://", "https://")):
@@ -110,11 +115,6 @@ def _make_client(uri: str) -> MlflowClient:
         from mlflow.tracking import MlflowClient
 
         return MlflowClient(tracking_uri=uri)
-
-
-# One client made at a time in this process: MLflow keeps each URI's store (lru_cache), and a new
-# SQLite file gets its tables once, not from two threads at once (warm_up beside the writer).
-_SETTING_UP = threading.Lock()
 
 
 def warm_up(uri: str) -> threading.Thread:
