@@ -148,3 +148,24 @@ def test_warm_up_sets_up_a_new_store_beside_the_run_and_the_writer_finds_it_read
     assert writer._tracking_client.store is _make_client(uri)._tracking_client.store   # one store per URI
     experiment = writer.create_experiment("warm")
     assert writer.get_experiment(experiment).name == "warm"
+
+
+def test_the_startup_benchmark_reads_the_profile_as_the_cli_prints_it():
+    from benchmarks.startup import IMPORT, PHASE, report
+
+    profile = phases.Profile(origin=phases.PROFILE.origin, known_start=True)
+    for name in ("python start", "targets built, sites found", "search and confirmation"):
+        profile.mark(name)
+    profile.imports.update({"torch": 1.5, "torch._dynamo": 0.25})
+    lines = phases.report(profile).splitlines()
+    read = {m.group(1): float(m.group(2)) for m in map(PHASE.match, lines) if m}
+    assert list(read) == ["python start", "targets built, sites found", "search and confirmation"]
+    imports = next(line for line in lines if "imports, inside the phases above:" in line)
+    assert dict(IMPORT.findall(imports.split("above:", 1)[1])) == {"torch": "1.50", "torch._dynamo": "0.25"}
+    run = {"wall": 9.0, "cpu": 6.0, "exit_code": 1, "after_report": 0.4, "profile_total": 8.6, "steps": 707,
+           "findings": 6, "phases": {"search and confirmation": 2.0}, "phase_cpu": {"search and confirmation": 1.9},
+           "imports": {"torch": 1.5}}
+    text = report({"repeats": 1, "modes": ["local"], "import_torch": [2.0], "compare": None,
+                   "runs": {"this": {"local": [run]}}})
+    assert "| local | 9.00 | 7.00 | 6.00 | 2.00 | 0.40 | 6 / 707 |" in text, text
+    assert "| search and confirmation | 2.00 | 1.90 |" in text, text
