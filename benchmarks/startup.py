@@ -110,7 +110,7 @@ def measure(args) -> dict:
                     if counted:
                         runs[name][mode].append(one)
     return {"repeats": args.repeats, "modes": args.modes, "import_torch": torch_s, "runs": runs,
-            "compare": str(args.compare) if args.compare else None}
+            "compare": (args.label or Path(args.compare).resolve().name) if args.compare else None}
 
 
 def _median(values: list[float]) -> float:
@@ -126,7 +126,7 @@ def report(m: dict) -> str:
                 continue
             wall = _median([r["wall"] for r in runs])
             search = _median([r["phases"].get("search and confirmation", float("nan")) for r in runs])
-            rows.append([name if m["compare"] else "", mode, f"{wall:.2f}", f"{wall - torch_s:.2f}",
+            rows.append([m["compare"] if name == "compare" else name, mode, f"{wall:.2f}", f"{wall - torch_s:.2f}",
                          f"{_median([r['cpu'] for r in runs]):.2f}",
                          f"{search:.2f}" if search == search else "-",
                          f"{_median([r['after_report'] for r in runs if 'after_report' in r]):.2f}"
@@ -137,7 +137,17 @@ def report(m: dict) -> str:
     if not m["compare"]:
         head, rows = head[1:], [row[1:] for row in rows]
     text = [f"Medians of {m['repeats']} rounds; `import torch` alone in a fresh interpreter: {torch_s:.2f} s "
-            f"(same rounds).", "", table(head, rows), ""]
+            f"(same rounds). The quickstart: 3 programs, 6 sites searched, 707 steps; CPU is the driver "
+            f"process's (with Ray, the actor's is not in it).", "", table(head, rows), ""]
+    if m["compare"]:
+        paired = []
+        for mode, runs in m["runs"]["this"].items():
+            diffs = sorted(a["wall"] - b["wall"] for a, b in zip(runs, m["runs"]["compare"][mode]))
+            if diffs:
+                paired.append(f"`{mode}` {_median(diffs):+.2f} s (quartiles {diffs[len(diffs) // 4]:+.2f}, "
+                              f"{diffs[(3 * len(diffs)) // 4]:+.2f})")
+        text += [f"This checkout minus {m['compare']}, round by round (each round runs both under the same "
+                 f"load), median wall: " + "; ".join(paired) + ".", ""]
     for mode, runs in m["runs"]["this"].items():
         if not runs or not runs[0]["phases"]:
             continue
@@ -162,18 +172,20 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1, help="rounds not counted (the first makes the stores)")
     ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     ap.add_argument("--compare", metavar="DIR", help="another checkout of CDeepFuzz, run the same way")
+    ap.add_argument("--label", help="what the --compare checkout is (its commit, say; default: its folder's name)")
     ap.add_argument("--no-write", action="store_true", help="print the tables only (leave RESULTS.md)")
     ap.add_argument("--keep", metavar="JSON", help="also keep the measurements in this file")
     ap.add_argument("--from", dest="kept", metavar="JSON", help="measure nothing: report the kept measurements")
+    ap.add_argument("--note", default="", help="a paragraph for the section (the machine's load, say)")
     args = ap.parse_args()
     measured = json.loads(Path(args.kept).read_text()) if args.kept else measure(args)
     if args.keep:
         Path(args.keep).write_text(json.dumps(measured, indent=1))
-    body = report(measured)
+    body = report(measured) + (f"\n{args.note}\n" if args.note else "")
     print(body)
     if not args.no_write:
         flags = (f"--repeats {measured['repeats']} --modes {' '.join(measured['modes'])}"
-                 + (" --compare DIR" if measured["compare"] else ""))
+                 + (f" --compare DIR --label '{measured['compare']}'" if measured["compare"] else ""))
         write_section("startup", "## A start in seconds: the quickstart from process start (issue 57)\n\n" + body,
                       "startup", flags)
     return 0
