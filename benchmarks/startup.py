@@ -6,13 +6,14 @@ Every run is a fresh process, ``python -m orchestrator.cli run campaigns/quickst
 the process's start) and the heavy imports, and what is left after the report is the process's exit.
 ``import torch`` alone, in a fresh interpreter, is measured in the same rounds for reference. The
 modes: ``local`` (``--local``: every site in the driver), ``ray`` (an embedded Ray, as the README's
-quickstart), and ``local-new`` (``--local`` into a new output folder: MLflow's SQLite file is made
-with its tables, as on a first run; the other two reuse their folder's store). Rounds take the modes
-in turn, so that the machine's other load falls on all of them alike; a first round is not counted
-(it makes the stores). ``--compare DIR`` also runs another checkout of CDeepFuzz (the one before a
+quickstart), ``local-new`` (``--local`` into a new output folder: MLflow's SQLite file is made
+with its tables, as on a first run; the others reuse their folder's store), and ``one-bug``
+(``--local``, a campaign of one small program with one planted bug and no optimizer,
+``tests/targets/faults.py``, 30 steps). Rounds take the modes in turn, so that the machine's other
+load falls on all of them alike; a first round is not counted (it makes the stores). ``--compare DIR`` also runs another checkout of CDeepFuzz (the one before a
 change) the same way in every round, timed by its wall clock alone where it has no ``--profile``.
 
-    python benchmarks/startup.py [--repeats 5] [--modes local ray local-new] [--compare DIR] [--keep JSON]
+    python benchmarks/startup.py [--repeats 5] [--modes local ray local-new one-bug] [--compare DIR] [--keep JSON]
                                  [--no-write]
     python benchmarks/startup.py --from JSON     (the section again from kept measurements)
 """
@@ -36,7 +37,17 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._results import table, write_section  # noqa: E402
 
 CAMPAIGN = "campaigns/quickstart.yaml"
-MODES = {"local": ["--local"], "ray": [], "local-new": ["--local"]}
+MODES = {"local": ["--local"], "ray": [], "local-new": ["--local"], "one-bug": ["--local"]}
+# one-bug: a program with one planted bug and no optimizer (PyTorch's Optimizer.step imports torch._dynamo)
+ONE_BUG = """\
+name: one-bug
+targets:
+  - {name: sig, entry: tests/targets/faults.py:make_target}
+search: {strategy: adaptive, max_steps: 30, seed: 0}
+scheduler: {policy: round-robin, quantum: 10}
+resources: {num_actors: 0}
+device: cpu
+"""
 PHASE = re.compile(r"^  (.+?)\s+(\d+\.\d+) s  \(CPU\s+(\d+\.\d+) s; at\s+\d+\.\d+ s\)$")
 IMPORT = re.compile(r"([\w.]+) (\d+\.\d+) s")
 
@@ -49,7 +60,12 @@ def _children_cpu() -> float:
 def run_once(tree: Path, mode: str, output: Path, profile: bool) -> dict:
     """One ``cdeepfuzz run`` of the quickstart from ``tree`` (a checkout): wall and CPU seconds of its
     process, its profile (phases, imports, the seconds after the report) and what it found."""
-    cmd = [sys.executable, "-m", "orchestrator.cli", "run", CAMPAIGN, *MODES[mode], "--quiet", "--no-metrics",
+    campaign = CAMPAIGN
+    if mode == "one-bug":
+        output.parent.mkdir(parents=True, exist_ok=True)
+        campaign = str(output.parent / "one-bug.yaml")
+        Path(campaign).write_text(ONE_BUG)
+    cmd = [sys.executable, "-m", "orchestrator.cli", "run", campaign, *MODES[mode], "--quiet", "--no-metrics",
            "--output", str(output)] + (["--profile"] if profile else [])
     env = {**os.environ, "PYTHONPATH": str(tree)}
     cpu = _children_cpu()
@@ -77,7 +93,7 @@ def run_once(tree: Path, mode: str, output: Path, profile: bool) -> dict:
                 out["phase_cpu"][m.group(1)] = float(m.group(3))
             if "imports, inside the phases above:" in line:
                 out["imports"] = {k: float(v) for k, v in IMPORT.findall(line.split("above:", 1)[1])}
-    summary = max(output.glob("quickstart-*/summary.json"), key=lambda p: p.stat().st_mtime)
+    summary = max(output.glob("*/summary.json"), key=lambda p: p.stat().st_mtime)
     totals = json.loads(summary.read_text())["totals"]
     out["steps"], out["findings"] = totals["steps"], totals["findings"]
     return out
@@ -136,9 +152,12 @@ def report(m: dict) -> str:
             "exit s (after the report)", "findings / steps"]
     if not m["compare"]:
         head, rows = head[1:], [row[1:] for row in rows]
-    text = [f"Medians of {m['repeats']} rounds; `import torch` alone in a fresh interpreter: {torch_s:.2f} s "
-            f"(same rounds). The quickstart: 3 programs, 6 sites searched, 707 steps; CPU is the driver "
-            f"process's (with Ray, the actor's is not in it).", "", table(head, rows), ""]
+    counts = sorted({len(runs) for modes in m["runs"].values() for runs in modes.values() if runs})
+    rounds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    text = [f"Medians of {rounds} rounds; `import torch` alone in a fresh interpreter: {torch_s:.2f} s "
+            f"(same rounds). The quickstart: 3 programs, 6 sites searched, 707 steps; one-bug: 1 program, "
+            f"its one site; CPU is the driver process's (with Ray, the actor's is not in it).", "",
+            table(head, rows), ""]
     if m["compare"]:
         paired = []
         for mode, runs in m["runs"]["this"].items():
