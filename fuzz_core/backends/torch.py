@@ -247,7 +247,7 @@ class TorchRunner(TargetBatches):
                 + [f"tensor {k} (too large to keep a copy of)" for k in self.state.unrestorable])
 
     def versions(self) -> dict[str, str]:
-        return {"torch": torch.__version__}
+        return {"torch": str(torch.__version__)}   # a plain str: unpickled without torch (a Ray driver)
 
     # -- batches ----------------------------------------------------------------------
     def _tensors(self, values: dict[str, np.ndarray], grad: bool) -> tuple[dict, dict]:

@@ -38,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from fuzz_core.backends.flags import ALWAYS_OK, NOT_SEARCHED, Call, FlagBook
+from fuzz_core.backends.torch_dynamo import defer_dynamo
 from fuzz_core.backends.torch_state import storage_of
 from fuzz_core.catalogue import Catalogue, OpSpec
 from fuzz_core.sites import CallerLocator
@@ -457,6 +458,11 @@ class RecordingMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return self.recorder.handle(func, args, kwargs or {})
 
+
+# TorchDispatchMode wraps each subclass's __torch_dispatch__ in torch._disable_dynamo, whose first call
+# would import torch._dynamo: not before something compiles (torch_dynamo.py)
+defer_dynamo(WatchMode)
+defer_dynamo(RecordingMode)
 
 _HALF = (torch.float16, torch.bfloat16)
 

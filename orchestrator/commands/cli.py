@@ -10,6 +10,7 @@ reproduced, 2 usage, 3 the target could not be built or its program raised, 5. `
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -72,6 +73,9 @@ def run(
     sarif: Optional[Path] = typer.Option(None, "--sarif", metavar="PATH",
                                          help="also write the findings as SARIF 2.1.0 (one result per finding at "
                                               "the user's file:line), for code scanning"),
+    profile: bool = typer.Option(False, "--profile",
+                                 help="at the end, print to stderr where the seconds went: each phase of the run "
+                                      "from process start, and the heavy imports (torch, mlflow, ray, ...)"),
 ) -> None:
     """Run a campaign: discover every suspect op site and search them.
 
@@ -79,6 +83,11 @@ def run(
     3 a target could not be built or its program raised; 4 stopped before completion (SIGTERM, SIGINT,
     time limit: continue with --resume); 5 internal error of CDeepFuzz (please report it).
     """
+    from orchestrator import phases
+
+    phases.mark("CLI imports (typer, pydantic)")
+    if profile:
+        phases.watch_imports()
     from orchestrator.commands.run import RunArgs, run as run_command
 
     try:
@@ -86,6 +95,8 @@ def run(
                                    quiet, plain, not no_metrics, ok_on_findings, junit_xml=junit_xml, sarif=sarif))
     except ConfigError as exc:
         _fail(str(exc))
+    if profile:
+        typer.echo(phases.report(), err=True)
     raise typer.Exit(code)
 
 
@@ -273,6 +284,10 @@ def main() -> None:
         traceback.print_exc()
         print(f"cdeepfuzz: INTERNAL ERROR of CDeepFuzz ({BUG_REPORT})", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERNAL)
+    finally:
+        # The exit's garbage collections need not walk every object of torch, MLflow, ... (1-2 s):
+        # what is left is freed with the process.
+        gc.freeze()
 
 
 if __name__ == "__main__":

@@ -75,8 +75,10 @@ class RunArgs:
 
 def run(args: RunArgs) -> int:
     """The ``run`` command: its exit code (ConfigError for a usage or configuration mistake)."""
+    from orchestrator.phases import mark
     from orchestrator.run.campaign import EXIT_FINDINGS, EXIT_OK, RunOptions, run_campaign
 
+    mark("driver imports")
     if args.campaign is None and args.resume is None:
         raise ConfigError("give a campaign file, or --resume RUN_FOLDER")
     reports = _report_paths(args)     # absolute before a cluster run moves to its project folder
@@ -92,6 +94,7 @@ def run(args: RunArgs) -> int:
                 raise ConfigError(str(exc)) from None
             os.chdir(project)
     cfg = load_campaign(campaign_path) if campaign_path is not None else None
+    mark("campaign read")
     if address and not args.local:
         if cfg is not None:
             output = output or default_output(cfg.output)
@@ -105,6 +108,8 @@ def run(args: RunArgs) -> int:
         live=False if args.plain else None, output=output, resume=str(args.resume) if args.resume else None,
         metrics=args.metrics))
     _write_reports(outcome, reports, quiet=args.quiet)
+    if reports:
+        mark("JUnit XML, SARIF")
     return EXIT_OK if args.ok_on_findings and outcome.exit_code == EXIT_FINDINGS else outcome.exit_code
 
 

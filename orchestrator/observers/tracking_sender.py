@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
-__all__ = ["SPOOL_NAME", "SpoolReplay", "default_sqlite_uri", "experiment_ids", "replay_spool"]
+__all__ = ["SPOOL_NAME", "SpoolReplay", "default_sqlite_uri", "experiment_ids", "replay_spool", "warm_up"]
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,11 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
+# One client made at a time in this process: MLflow keeps each URI's store (lru_cache), and a new
+# SQLite file gets its tables once, not from two threads at once (warm_up beside the writer).
+_SETTING_UP = threading.Lock()
+
+
 def _make_client(uri: str) -> MlflowClient:
     """An ``MlflowClient`` with short HTTP retries; a SQLite file that does not exist yet is created whole
     first (:func:`_create_sqlite`)."""
@@ -108,11 +114,29 @@ def _make_client(uri: str) -> MlflowClient:
         for name, value in HTTP_ENV_DEFAULTS.items():
             os.environ.setdefault(name, value)
     db = _sqlite_path(uri)
-    if db is not None and not db.exists():
-        _create_sqlite(db)
-    from mlflow.tracking import MlflowClient
+    with _SETTING_UP:
+        if db is not None and not db.exists():
+            _create_sqlite(db)
+        from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
+        return MlflowClient(tracking_uri=uri)
+
+
+def warm_up(uri: str) -> threading.Thread:
+    """Import MLflow and set up ``uri``'s store (a new SQLite file's tables) in a thread, beside the
+    start of a run (Ray's start, building the targets): MLflow keeps the store, so the writer's client
+    finds it ready. Errors are left for the writer to meet and report. Not a daemon: an exit waits
+    for it rather than leave a SQLite file with half its tables."""
+
+    def set_up() -> None:
+        try:
+            _make_client(uri)
+        except Exception as exc:  # noqa: BLE001 - the writer meets it again, and spools or reports it
+            log.debug("tracking: warming up %s: %s", uri, exc)
+
+    thread = threading.Thread(target=set_up, name="cdeepfuzz-mlflow-warm-up")
+    thread.start()
+    return thread
 
 
 def _create_sqlite(db: Path) -> None:

@@ -30,7 +30,8 @@ from fuzz_core.search import SearchConfig
 from fuzz_core.status import ExitReason, RunState, SiteStatus
 from orchestrator.config import Campaign, ConfigError, check_cluster_settings, parse_campaign, resolve_tracking_uri
 from orchestrator.observers.base import Observer, Observers
-from orchestrator.observers.tracking_sender import SPOOL_NAME
+from orchestrator.observers.tracking_sender import SPOOL_NAME, warm_up
+from orchestrator.phases import mark
 from orchestrator.run import failures
 from orchestrator.run.controller import Controller, LoopLimits
 from orchestrator.run.executors import LocalExecutor
@@ -149,18 +150,22 @@ def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop
                                 output=None) if campaign.tracking.enabled else None)
     check_cluster_settings(campaign, output, uri, path)
     root = resume_dir.parent if resume_dir is not None else Path(output)
+    if campaign.tracking.enabled:      # MLflow's import and store set-up beside Ray's start and discovery
+        warm_up(uri or resolve_tracking_uri(None, output=root))
     local = options.local or campaign.resources.num_actors == 0
     specs = target_specs(campaign)
     executor = options.executor or (LocalExecutor(worker_options(campaign), campaign.quantum_timeout_s, stop)
                                     if local else _ray_executor(campaign, options.address, stop))
+    mark("local executor" if local else "Ray started, actors asked for")
     found: dict = {}
     if previous is None:
         try:
             found = executor.discover(list(specs.values()))
+            mark("targets built, sites found")
         except StopRun as exc:
             executor.shutdown()
-            print(f"cdeepfuzz: stopped ({exc.reason.value}) while discovering the targets' sites; nothing was "
-                  f"written: run the campaign again", flush=True)
+            print(f"cdeepfuzz: stopped ({exc.reason.value}) while discovering the targets' sites; no run folder was "
+                  f"made: run the campaign again", flush=True)
             return RunOutcome(EXIT_STOPPED, None, None, None, 0, RunState.STOPPED, exc.reason)
         except BaseException:
             executor.shutdown()
@@ -185,6 +190,7 @@ def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop
     began = time.monotonic()               # time_limit_s counts from here: a resumed run gets it again
     t0 = began - record.seconds            # run.seconds adds up over resumes
     observers, view, summary_writer, tracking = _observers(campaign, run_dir, root, store, record, uri, options, t0)
+    mark("run folder, store, observers")
     config = search_config(campaign)
     ctl = Controller(campaign, run_dir, executor, specs, config,
                      LoopLimits(campaign.time_limit_s, campaign.resources.max_restarts), store, record,
@@ -196,13 +202,16 @@ def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop
             observers.run_started(record, previous is not None)
             if previous is None:
                 ctl.add_targets(found)
+                mark("sites registered (MLflow runs created)")
                 if options.known_bugs:
                     from orchestrator.run.reuse import replay_known_bugs
 
                     replay_known_bugs(ctl, root)
             else:
                 ctl.restore()
+            mark("known bugs replayed" if previous is None else "run restored")
             ctl.run(started=began)
+            mark("search and confirmation")
             record.state = RunState.STOPPED if stop.reason else RunState.COMPLETED
             record.exit_reason = stop.reason or ExitReason.COMPLETED
         except (StopRun, KeyboardInterrupt) as exc:     # before the loop (the reuse phase)
@@ -225,6 +234,7 @@ def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop
             executor.shutdown()
             ctl.close()
             store.close()
+            mark("run closed (MLflow, summary.json)")
         code = record.exit_code
         for line in _closing_lines(ctl, record, run_dir, summary, uri, observers):
             observers.message(line)

@@ -22,9 +22,8 @@ def ensure_ray(address: str | None, resources) -> float:
             join_ray(address)
         else:
             need = max(1, math.ceil(resources.num_actors * resources.num_cpus))
-            gpus = _local_gpus()
-            ray.init(num_cpus=need, num_gpus=gpus, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
+            # Ray counts the GPUs itself (NVML, CUDA_VISIBLE_DEVICES): the driver needs no torch
+            ray.init(num_cpus=need, include_dashboard=False, log_to_driver=False, configure_logging=False)
     total = float(ray.cluster_resources().get("GPU", 0))
     if resources.num_gpus and not total:
         log.warning("the campaign asks for %s GPU per actor but the cluster has none: running on CPU",
@@ -40,11 +39,3 @@ def join_ray(address: str) -> None:
         # configure_logging=False: no Ray log lines (with colour codes) in `ray job logs`
         ray.init(address=address, log_to_driver=False, configure_logging=False)
 
-
-def _local_gpus() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count()
-    except Exception:  # noqa: BLE001
-        return 0
