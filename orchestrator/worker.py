@@ -31,7 +31,7 @@ from fuzz_core.engine import TargetSpec, build_runner, discover_sites, finding_f
 from fuzz_core.errors import INTERNAL_HINT, classify
 from fuzz_core.loader import EntryError
 from fuzz_core.out_of_reach import probe
-from fuzz_core.findings import Finding, finding_folder, write_finding
+from fuzz_core.findings import Finding, bug_of, finding_folder, write_finding
 from fuzz_core.io import atomic_save_arrays, atomic_write_json
 from fuzz_core.search import QuantumResult, SearchConfig, SiteSearch
 from fuzz_core.sites import OpSite
@@ -270,12 +270,15 @@ class Worker:
             return exc
 
     def run(self, spec: TargetSpec, site: OpSite, config: SearchConfig, steps: int, refresh: bool = False,
-            resume: Resume | None = None, want_checkpoint: bool = True, probe_steps: int = 0) -> QuantumOutcome:
+            resume: Resume | None = None, want_checkpoint: bool = True, probe_steps: int = 0,
+            known: frozenset[str] = frozenset()) -> QuantumOutcome:
         """Run a quantum of ``steps`` steps of ``site`` (after a refresh); the search held live here
         when it stands at ``resume.step``, else rebuilt from ``resume`` (None: a new search). Raises
         :class:`NeedsResume` when that would need a resume that was not sent (:data:`ASK`).
         ``probe_steps`` > 0: a site still searching after the quantum is then probed outside its
-        bounds for that many steps (:func:`reach_verdict`), its search left as it stood."""
+        bounds for that many steps (:func:`reach_verdict`), its search left as it stood. ``known``:
+        the signatures of the bugs the run has confirmed; a search that ends on another op's bug
+        among them steps past it without replaying it again (the trajectory is the same either way)."""
         resume = resume if resume is not None else Resume()
         runner = self._site_runner(spec, site.id)
         search = self.searches.get(site.id)
@@ -308,7 +311,11 @@ class Worker:
                 return finding_from(runner, spec, site, config, result.candidate, result.seconds,
                                     device=str(getattr(runner, "device", "cpu")), minimise_batch=self.options.minimise)
 
-            if search.can_step_past():               # another op went non-finite first: report it, go on
+            if search.can_step_past() and _bug_signature(site, result.candidate) in known:
+                search.step_past()                   # another op's bug the run has: one finding of it is enough
+                result.status = search.status()
+                result.exit_reason = ExitReason.BUDGET_SPENT if result.status.final else ExitReason.NONE
+            elif search.can_step_past():             # another op went non-finite first: report it, go on
                 finding = search.report_and_step_past(confirm)
                 self.owner[spec.name] = site.id      # its confirmation reset the builds; the search's state is back
                 result.status = search.status()      # searching, or exhausted at this very step
@@ -353,6 +360,12 @@ class Worker:
         self.private.pop(site_id, None)
         if self.owner.get(spec.name) == site_id:
             self.owner.pop(spec.name, None)
+
+
+def _bug_signature(site: OpSite, candidate) -> str:
+    """The signature of the bug ``candidate`` shows, as its replay would name it."""
+    first = candidate.first_op.to_dict() if candidate.first_op else None
+    return bug_of(site.to_dict(), candidate.own, first, candidate.phase).signature
 
 
 def _set_threads(n: int) -> None:

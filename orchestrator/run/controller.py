@@ -482,7 +482,11 @@ class Controller:
             slot = self._slot(rec) if due else None
             into = RunFolder(f"{self._absolute}/{FINDINGS}", f"{self._absolute}/{slot}" if slot else None)
         return Task(rec.site, self.specs[rec.site.target], self.config, steps, refresh=refresh, resume=resume,
-                    want_checkpoint=due, probe_steps=reach_steps, into=into)
+                    want_checkpoint=due, probe_steps=reach_steps, into=into, known=self._known())
+
+    def _known(self) -> frozenset[str]:
+        """The run's bugs confirmed solid so far (a flaky one's next finding may replay solid)."""
+        return frozenset(sig for sig, folder in self._bugs.items() if not self._flaky.get(folder))
 
     # -- results ----------------------------------------------------------------------------------
     def _handle(self, task: Task, outcome: QuantumOutcome | BaseException) -> None:

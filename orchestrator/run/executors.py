@@ -38,6 +38,7 @@ class Task:
     want_checkpoint: bool = True      # send the site's checkpoint back (the controller asks at its cadence)
     probe_steps: int = 0              # then probe it outside its bounds for this many steps (the scheduler asks)
     into: RunFolder | None = None     # a worker that sees the run folder writes the finding and checkpoint there
+    known: frozenset[str] = frozenset()  # the run's bugs so far: another op's among them is stepped past, not replayed
     started: float = field(default_factory=time.monotonic)
     actor: int = -1
 
@@ -138,7 +139,7 @@ class LocalExecutor:
         try:
             with interruptible, time_limit(limit):
                 outcome = self.worker.run(task.spec, task.site, task.config, task.steps, task.refresh,
-                                          task.resume, task.want_checkpoint, task.probe_steps)
+                                          task.resume, task.want_checkpoint, task.probe_steps, task.known)
             return [(task, write_into(task.into, outcome))]
         except _OverTime:
             self._forget(task)

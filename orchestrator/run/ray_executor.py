@@ -72,7 +72,7 @@ class SiteActor:
     def run(self, task: Task) -> QuantumOutcome | NeedsResume:
         try:
             out = self.worker.run(task.spec, task.site, task.config, task.steps, task.refresh, task.resume,
-                                  task.want_checkpoint or self.keep, task.probe_steps)
+                                  task.want_checkpoint or self.keep, task.probe_steps, task.known)
         except NeedsResume as exc:
             return exc
         except ObjectLostError:       # the actor that kept the checkpoint died: the driver sends its own
