@@ -128,7 +128,8 @@ tracking: {{enabled: false}}
     real = ctl.Controller._quantum
 
     def counting(self, rec, out):
-        seen.append((rec.site.id, out.checkpoint is not None, out.result.status.final))
+        seen.append((rec.site.id, out.checkpoint is not None or out.checkpoint_file is not None,
+                     out.result.status.final))
         return real(self, rec, out)
 
     ctl.Controller._quantum = counting

@@ -544,7 +544,7 @@ class Controller:
                 self.store.put_trace(rec.site.id, int(time.time() * 1000), result.trace)   # the exporter's outbox
             at = None                                 # the site the finding's bug is at (rec: its own op)
             if finding is not None:
-                where = folder.relative_to(self.run_dir).as_posix()
+                where = folder.resolve().relative_to(self._absolute).as_posix()
                 self._record_finding(FindingRecord.of(finding, where))
                 at = rec if finding.site_triggered else self._site_at(finding)
                 if at is rec:
