@@ -25,9 +25,9 @@ engine of another commit measured with this harness (``today``: the strategy bef
 built with seed 0, so every seed searches the same program, as ``grist_suite/ablation.py`` does (a GRIST
 VAE's pretraining is kept per factory seed, five minutes each).
 
-**Cost**: one child process per (program build, seed) builds the target once and runs every arm asked for on
-it (a :class:`SiteSearch` resets the runner to the factory's state); ``--jobs`` of them at once (at most 2 on
-this machine). A subject's sites are searched best-known first and each later site only up to the fewest
+**Cost**: one child process per program build builds the target once and runs every (arm, seed) asked for on
+it, seed by seed, each seed's arms in turn (a :class:`SiteSearch` resets the runner to the factory's state);
+``--jobs`` of them at once (at most 2 on this machine). A subject's sites are searched best-known first and each later site only up to the fewest
 steps found so far: its figure (the fewest steps of any site that finds it) is the same, for less. Results are
 cached per (build, seed, arm, code version) in ``benchmarks/ablation/.cache/``; each run keeps its arms'
 results in ``benchmarks/ablation/record/<arm>.json`` (committed), from which the report is built.
@@ -220,7 +220,8 @@ def search_subject(runner, spec, sites, subject: Subject, arm: str, seed: int, o
             result = search.run(limit - search.step)
             _count(events, result.trace)
         rec: dict[str, Any] = {"site": _label(site), "steps": int(result.steps), "status": str(result.status),
-                               "search_s": round(float(result.seconds), 3), "events": events, "found": False}
+                               "search_s": round(float(result.seconds), 3), "events": events, "found": False,
+                               "acts": dict(search.strategy_state.get("core.acts") or {})}
         cand = result.candidate
         if cand is not None:
             finding = finding_from(runner, spec, site, config, cand, result.seconds, minimise_batch=False)
@@ -271,12 +272,11 @@ def worker(task: dict[str, Any]) -> None:
     runner = build_runner(spec, _options(first))
     sites = discover_sites(runner, 0)
     setup_s = round(time.time() - t0, 3)
-    for arm, out_file in task["arms"]:
-        res: dict[str, Any] = {"arm": arm, "seed": task["seed"], "setup_s": setup_s, "engine": _engine(),
-                               "subjects": {}}
+    for arm, seed, out_file in task["runs"]:
+        res: dict[str, Any] = {"arm": arm, "seed": seed, "setup_s": setup_s, "engine": _engine(), "subjects": {}}
         for s in subs:
             try:
-                res["subjects"][s.key] = search_subject(runner, spec, sites, s, arm, task["seed"],
+                res["subjects"][s.key] = search_subject(runner, spec, sites, s, arm, seed,
                                                         task["order"].get(s.key, []))
             except Exception as exc:  # noqa: BLE001 - a crash is a result: a miss with its error
                 import traceback
@@ -301,8 +301,14 @@ def cache_file(build: str, seed: int, arm: str, version: str) -> Path:
     return CACHE / f"{build}-s{seed}-{safe}-{version}.json"
 
 
-def plan(subs: list[Subject], arms: list[str], seeds: list[int], rerun: bool) -> tuple[list[dict], dict]:
-    """The child tasks still to run, and the results already cached: {(arm, key, seed): result}."""
+def plan(subs: list[Subject], arms: list[str], seeds: list[int], rerun: bool,
+         full: dict[tuple, dict] | None = None) -> tuple[list[dict], dict]:
+    """The child tasks still to run, and the results already cached: {(arm, key, seed): result}.
+
+    ``full``: results of the arm ``adaptive`` at this code version. A variant of it (:func:`tactics_of`) on a
+    build and seed where none of its tactics acted in ``full`` is that result by construction (a tactic
+    that never acted changed nothing: ``tests/test_adaptive_tactics.py``); it is written as such,
+    ``inferred``, and not run."""
     builds: dict[str, list[Subject]] = {}
     for s in subs:
         builds.setdefault(s.build, []).append(s)
@@ -311,24 +317,44 @@ def plan(subs: list[Subject], arms: list[str], seeds: list[int], rerun: bool) ->
     cached: dict[tuple, dict] = {}
     tasks = []
     for build, members in builds.items():
-        for seed in seeds:
-            todo = []
+        todo = []
+        for seed in seeds:                      # seed by seed, each seed's arms in turn: a fixed order
             for arm in arms:
                 if arm == "random" and seed != 0:
                     continue
                 version = hashlib.sha1("".join(versions[arm][s.key] for s in members).encode()).hexdigest()[:12]
                 path = cache_file(build, seed, arm, version)
-                if path.exists() and not rerun:
-                    for key, r in json.loads(path.read_text())["subjects"].items():
-                        cached[(arm, key, seed)] = r
-                else:
-                    todo.append((arm, str(path)))
-            if todo:
-                tasks.append({"build": build, "seed": seed, "arms": todo,
-                              "subjects": [_plain(s) for s in members],
-                              "versions": {a: {s.key: versions[a][s.key] for s in members} for a, _ in todo},
-                              "order": {s.key: order.get(s.key, []) for s in members}})
+                if rerun or not path.exists():
+                    same = _inferred(arm, members, seed, full or {})
+                    if same is None:
+                        todo.append((arm, seed, str(path)))
+                        continue
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(json.dumps({"arm": arm, "seed": seed, "subjects": same}))
+                for key, r in json.loads(path.read_text())["subjects"].items():
+                    cached[(arm, key, seed)] = r
+        if todo:
+            tasks.append({"build": build, "runs": todo, "subjects": [_plain(s) for s in members],
+                          "versions": {a: {s.key: versions[a][s.key] for s in members} for a in arms},
+                          "order": {s.key: order.get(s.key, []) for s in members}})
     return tasks, cached
+
+
+def _inferred(arm: str, members: list[Subject], seed: int, full: dict[tuple, dict]) -> dict | None:
+    """The arm's results on a build and seed, when none of its tactics acted there in ``full``; else None."""
+    tactics = tactics_of(arm)
+    if tactics is None:
+        return None
+    out = {}
+    for s in members:
+        r = full.get(("adaptive", s.key, seed))
+        if r is None or "error" in r:
+            return None
+        acts = r["acts"] if "acts" in r else _acts(r)
+        if any(acts.get(t) for t in tactics):
+            return None
+        out[s.key] = {**r, "inferred": True}
+    return out
 
 
 def _plain(s: Subject) -> dict:
@@ -352,30 +378,46 @@ def run_task(task: dict, timeout: float) -> dict[tuple, dict]:
 
     t0 = time.time()
     _, failure = json_child([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(task)],
-                            timeout * len(task["arms"]))
+                            timeout * len(task["runs"]))
     out: dict[tuple, dict] = {}
-    for arm, path in task["arms"]:
+    for arm, seed, path in task["runs"]:
         p = Path(path)
         if p.exists():
             for key, r in json.loads(p.read_text())["subjects"].items():
-                out[(arm, key, task["seed"])] = r
+                out[(arm, key, seed)] = r
         else:
             for s in task["subjects"]:
-                out[(arm, s["key"], task["seed"])] = {"found": False, "steps": s["budget"],
-                                                      "error": failure or "no result"}
+                out[(arm, s["key"], seed)] = {"found": False, "steps": s["budget"], "error": failure or "no result"}
     found = sum(r.get("found", False) for r in out.values())
-    print(f"  {task['subjects'][0]['key']:24s} s{task['seed']} {len(task['arms'])} arm(s) "
+    print(f"  {task['subjects'][0]['key']:24s} {len(task['runs'])} (arm, seed) runs, "
           f"{len(out)} results, {found} found, {time.time() - t0:6.0f} s" + (f"  [{failure}]" if failure else ""),
           flush=True)
     return out
 
 
 def run(subs: list[Subject], arms: list[str], seeds: list[int], jobs: int, rerun: bool) -> dict[tuple, dict]:
-    tasks, results = plan(subs, arms, seeds, rerun)
+    """Every (subject, arm, seed): first the arms that are no variant of ``adaptive`` (``adaptive`` itself
+    among them when a variant is asked for), then the variants, inferred where they can be (:func:`plan`)."""
+    variants = [a for a in arms if tactics_of(a) is not None]
+    first = [a for a in arms if a not in variants]
+    if variants and "adaptive" not in first:
+        first.append("adaptive")
+    results = _run(subs, first, seeds, jobs, rerun)
+    if variants:
+        full = {k: r for k, r in results.items() if k[0] == "adaptive"}
+        results.update(_run(subs, variants, seeds, jobs, rerun, full))
+    return results
+
+
+def _run(subs: list[Subject], arms: list[str], seeds: list[int], jobs: int, rerun: bool,
+         full: dict[tuple, dict] | None = None) -> dict[tuple, dict]:
+    tasks, results = plan(subs, arms, seeds, rerun, full)
     # the longest first (the record's seconds), so that two jobs end together
     cost = _record_seconds()
-    tasks.sort(key=lambda t: -sum(cost.get(s["key"], 30.0) for s in t["subjects"]) * len(t["arms"]))
-    print(f"{len(results)} results cached, {len(tasks)} child processes to run with {jobs} job(s)", flush=True)
+    tasks.sort(key=lambda t: -sum(cost.get(s["key"], 30.0) for s in t["subjects"]) * len(t["runs"]))
+    inferred = sum(bool(r.get("inferred")) for r in results.values())
+    print(f"{', '.join(arms)}: {len(results)} results cached ({inferred} inferred), {len(tasks)} child processes "
+          f"to run with {jobs} job(s)", flush=True)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for out in pool.map(lambda t: run_task(t, ARM_TIMEOUT_S), tasks):
             results.update(out)
@@ -403,23 +445,47 @@ def keep(results: dict[tuple, dict], record_as: dict[str, str]) -> list[str]:
         by_arm.setdefault(record_as.get(arm, arm), {}).setdefault(key, {})[str(seed)] = _slim(r)
     RECORD.mkdir(parents=True, exist_ok=True)
     for arm, subjects_ in by_arm.items():
-        merged = load_record(arm)
+        path = RECORD / f"{arm.replace(':', '~')}.json"
+        kept = json.loads(path.read_text()) if path.exists() else {}
+        merged = kept.get("subjects", {})
         for key, per_seed in subjects_.items():
             merged.setdefault(key, {}).update(per_seed)
-        path = RECORD / f"{arm.replace(':', '~')}.json"
-        path.write_text(json.dumps({"arm": arm, "subjects": {k: dict(sorted(v.items())) for k, v in
-                                                             sorted(merged.items())}}, indent=0, sort_keys=True) + "\n")
+        engines = set(kept.get("engines", [])) | {_engine()}
+        path.write_text(json.dumps({**kept, "arm": arm, "engines": sorted(engines),
+                                    "subjects": {k: dict(sorted(v.items())) for k, v in sorted(merged.items())}},
+                                   indent=0, sort_keys=True) + "\n")
     return sorted(by_arm)
 
 
 def _slim(r: dict) -> dict:
-    """A result as the record keeps it: the outcome, the seconds, the steps each tactic took."""
-    events: dict[str, int] = {}
+    """A result as the record keeps it: the outcome, the seconds, how often each tactic acted."""
+    keepers = ("found", "steps", "site", "search_s", "total_s", "version", "error", "inferred")
+    acts = r.get("acts") if "acts" in r else _acts(r)
+    return {**{k: r[k] for k in keepers if k in r and r[k] is not None}, **({"acts": acts} if acts else {})}
+
+
+def _acts(r: dict) -> dict[str, int]:
+    """How often each tactic acted on a subject (a step it took, a reaction), over all its sites' searches."""
+    out: dict[str, int] = {}
     for site in r.get("sites", []):
-        for k, n in site.get("events", {}).items():
-            events[k] = events.get(k, 0) + n
-    keepers = ("found", "steps", "site", "search_s", "total_s", "version", "error")
-    return {**{k: r[k] for k in keepers if k in r and r[k] is not None}, **({"events": events} if events else {})}
+        for k, n in (site.get("acts") or {}).items():
+            out[k] = out.get(k, 0) + n
+    return out
+
+
+def tactics_of(arm: str) -> tuple[str, ...] | None:
+    """The tactics whose acting an arm changes (it removes them, or changes a setting they read), or None
+    for an arm that is not a variant of ``adaptive``."""
+    if arm.startswith("adaptive-no:"):
+        return tuple(arm.split(":", 1)[1].split("+"))
+    if arm.startswith("adaptive:"):
+        from dataclasses import fields as fields_of
+
+        from fuzz_core.strategies.adaptive import AdaptiveOptions
+
+        option = arm.split(":", 1)[1].partition("=")[0]
+        return tuple(next(f.metadata["tactics"] for f in fields_of(AdaptiveOptions) if f.name == option))
+    return None
 
 
 # ----------------------------------------------------------------------------- report

@@ -73,6 +73,23 @@ def load_subjects(frameworks: list[str]) -> tuple[list[Subject], list[str]]:
     return sorted(subjects, key=lambda s: (s.framework, s.id)), missing
 
 
+def find_bug(bug_id: str) -> tuple[Subject, Bug] | None:
+    """(subject, bug) of the suite's registries with this id, or None."""
+    subjects, _ = load_subjects(list(REGISTRIES))
+    for subject in subjects:
+        for bug in subject.bugs:
+            if bug.id == bug_id:
+                return subject, bug
+    return None
+
+
+def require_bugs(ap: argparse.ArgumentParser, bugs: list[str]) -> None:
+    """Exit 2 (``ap.error``) naming every id in ``bugs`` that is no bug of the suite's registries."""
+    unknown = [bug for bug in bugs if find_bug(bug) is None]
+    if unknown:
+        ap.error(f"--bugs: no bug {', '.join(map(repr, unknown))} in the suite's registries (ids such as ID_48a)")
+
+
 def subject_key(subject: Subject) -> str:
     return f"{subject.framework}-id{subject.id:02d}"
 
