@@ -260,6 +260,10 @@ def worker(task: dict[str, Any]) -> None:
     """Build the task's program once, run each arm over its subjects, write each arm's results as it ends."""
     os.chdir(ROOT)
     subs = [Subject(**{**s, "marked": tuple(s["marked"]) if s["marked"] else None}) for s in task["subjects"]]
+    for arm, versions in task["versions"].items():
+        changed = [s.key for s in subs if code_version(s, arm) != versions[s.key]]
+        if changed:      # the sources changed since the run was planned: its results would be misnamed
+            raise SystemExit(f"the code changed since this run was planned ({arm}: {', '.join(changed)}): run again")
     first = subs[0]
     if first.framework == "torch":
         import torch
@@ -623,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", nargs="+", default=["adaptive"])
     ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     ap.add_argument("--subjects", nargs="*", help="subject keys or names (ID_3, ID_28a@grist, softmax_xent_mlp)")
+    ap.add_argument("--set", choices=["tuning", "check"], help="only the subjects of one set (split())")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--rerun", action="store_true", help="ignore cached results")
     ap.add_argument("--record-as", help="keep the results of the arm `adaptive` under this arm name (another engine)")
@@ -636,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
         print("{}")
         return 0
     os.chdir(ROOT)
-    subs = pick(subjects(), args.subjects)
+    subs = [s for s in pick(subjects(), args.subjects) if args.set is None or split(s.name) == args.set]
     for arm in args.arms:
         try:
             make_arm(arm)
@@ -652,9 +657,9 @@ def main(argv: list[str] | None = None) -> int:
     if "random" not in shown and not (RECORD / "random.json").exists():
         print("(no random arm recorded yet: run --arms random --seeds 0 for the random-hard set)")
     everyone = subjects()
-    body = report(everyone if not args.subjects else subs, [a for a in shown if a != "random"], args.seeds)
+    body = report(subs if args.subjects or args.set else everyone, [a for a in shown if a != "random"], args.seeds)
     print(body)
-    if not args.no_write and not args.subjects:
+    if not args.no_write and not args.subjects and not args.set:
         from benchmarks._results import write_section
 
         write_doc(body)

@@ -338,9 +338,10 @@ def test_restart_measures_the_factorys_training_on_the_point_when_a_first_ride_s
 
 def test_freeze_answers_a_training_that_takes_back_the_searchs_progress():
     """Every training step takes back what the inputs gained (the edge is within the box's reach at the
-    factory's weights, and out of it once the program has trained on the search's batches): once measured,
-    the site searches from the factory's state at every step, and finds it. Restart, which measures the
-    factory's training when a ride starts, is the other answer; without either, the training wins."""
+    factory's weights, and out of it once the program has trained on the search's batches): measured at
+    both, the point is nearer the edge at the factory's, and the site searches from there at every step,
+    and finds it. Restart, which measures the factory's training when a ride starts, is the other answer;
+    without either, the training wins."""
     def fights():
         return Trains(need=0.3, rate=0.05, fight=True)
 
@@ -349,6 +350,18 @@ def test_freeze_answers_a_training_that_takes_back_the_searchs_progress():
         r = s.run(300)
         assert r.status is SiteStatus.FOUND and s.frozen, seed
     assert found_within(fights, lambda: without("freeze", "restart"), 300) == [None] * len(SEEDS)
+
+
+def test_freeze_puts_todays_state_back_where_the_factorys_is_no_nearer():
+    """A training that helps (``w`` grows): the factory's weights leave the point farther from the edge,
+    and the site goes on from today's state exactly, not frozen."""
+    runner = Trains(need=30.0, rate=0.05)
+    s = search(runner, without("ride", "restart"), 300)
+    while s.status() is SiteStatus.SEARCHING and s.strategy_state.get("freeze.stage", 0) != 2:
+        s.run(1)
+    saved = float(s.strategy_state["freeze.saved"]["w"])
+    s.run(1)
+    assert s.strategy_state["freeze.stage"] == 0 and not s.frozen and runner.w == saved
 
 
 def test_box_reach_is_the_linear_models_best_fall_inside_the_box():

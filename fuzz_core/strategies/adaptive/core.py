@@ -190,6 +190,7 @@ class Context:
         self.s.cache["current"] = ev
         self.core.tried = 0
         self.core.points += 1
+        self.core.slow_run = 0          # a crawl is a run of accepted points
         self.keep_per_sample(ev)
         for t in self.tactics:
             t.on_move(self, label)

@@ -262,45 +262,54 @@ class Escape(Tactic):
 
 
 class Freeze(Tactic):
-    """A hazard on the program's own loss (a softmax's cross-entropy): the program's training step lowers the
-    loss on the very batch the search raises it on, faster than the search can follow. After a failed round
-    in a program that has trained, with progress made from the site's first margin, the point is measured
-    again (one step, the same randomness); when the training took back more than half of that progress, the
-    site goes on from the factory's state at every step (``SiteSearch.freeze``: the training steps still run
+    """A program's training moves the weights after every step the search takes, on batches no training would
+    see (box corners, mutations), and on a hazard of the program's own loss (a softmax's cross-entropy) it
+    lowers the loss on the very batch the search raises it on: the point the search reached is often nearer
+    the edge at the factory's weights than at today's. After a failed round in a program that has trained,
+    the point is measured at today's weights and at the factory's (two steps, the same randomness); the
+    site goes on from the lower, and from the factory's only where the edge is within the box's reach there:
+    frozen (``SiteSearch.freeze``: every step starts from the factory's state, its training steps still run
     and are watched, their writes undone). Twice per site at most."""
 
     name = "freeze"
 
     @dataclass
     class State:
-        pending: bool = False
+        stage: int = 0                  # 1: today's measured, the factory's next
         checks: int = 0
+        today: float = math.inf         # the point's margin at today's weights, just measured
+        saved: dict | None = None       # today's state, put back when the factory's is no nearer
 
     def on_failed_round(self, ctx: Context) -> bool:
-        s, cur, origin = ctx.s, ctx.cur, ctx.core.origin
-        if (not s.trained or s.frozen or self.st.checks >= 2 or origin is None or not math.isfinite(cur.hard)
-                or not cur.hard < origin):
+        s, cur = ctx.s, ctx.cur
+        if not s.trained or s.frozen or self.st.checks >= 2 or not math.isfinite(cur.hard):
             return False
-        self.st.pending = True
+        self.st.stage, self.st.checks = 1, self.st.checks + 1
         return True
 
     def holds(self, ctx: Context) -> bool:
-        return self.st.pending
+        return self.st.stage > 0
 
     def step(self, ctx: Context) -> None:
-        s, cur, origin = ctx.s, ctx.cur, ctx.core.origin
-        ev = ctx.evaluate(s.values, "freeze")
-        self.st.pending = False
-        self.st.checks += 1
-        if not ev.seen:
+        s, st = ctx.s, self.st
+        if st.stage == 1:
+            ev = ctx.evaluate(s.values, "freeze")
+            if not ev.seen:
+                st.stage = 0
+                return
+            s.cache["freeze_today"] = ev
+            st.stage, st.today, st.saved = 2, float(ev.hard), s.runner.get_state()
             return
-        if ev.hard - cur.hard > 0.5 * (origin - cur.hard):
-            s.freeze()
-            ctx.drop_point()
-            for t in ctx.tactics:
-                t.on_move(ctx, "freeze")
+        s.freeze()
+        ev = ctx.evaluate(s.values, "freeze")
+        today = s.cache.pop("freeze_today")
+        if ev.seen and ev.hard < st.today and not out_of_reach(ctx, ev):
+            ctx.move(s.values, ev, "freeze")          # frozen at the factory's weights
         else:
-            ctx.move(s.values, ev, "freeze")        # the point as the training has left it
+            s.thaw()
+            s.runner.set_state(st.saved)
+            ctx.move(s.values, today, "freeze")
+        st.stage, st.saved = 0, None
 
 
 class Ride(Tactic):
@@ -316,7 +325,8 @@ class Ride(Tactic):
     give-up the site rides once more from today's weights, on its first batch (the program's own data: a
     batch the search moved to the box's corners, with mixed labels, stops the training's walk) with the
     weakest row kept, under a new draw; after a second it rides no more. Twelve accepted points in a row
-    that each kept more than half of the way (a crawl) start a ride too, which only its patience ends."""
+    that each kept more than half of the way (a crawl; not at a frozen site, whose training is undone at
+    every step) start a ride too, which only its patience ends."""
 
     name = "ride"
 
@@ -342,7 +352,8 @@ class Ride(Tactic):
         return False
 
     def holds(self, ctx: Context) -> bool:
-        return self.st.active or (ctx.core.slow_run >= 12 and self._may(ctx))
+        # a crawl at the factory's weights (a frozen site) is progress there: the training is undone anyway
+        return self.st.active or (ctx.core.slow_run >= 12 and not ctx.s.frozen and self._may(ctx))
 
     def _start(self, ctx: Context, why: str, last: Evaluation | None = None) -> None:
         """A ride starts; after a give-up (``last``: the ride's last evaluation) from the site's first batch."""
@@ -394,11 +405,16 @@ class Ride(Tactic):
         if ev.grads is not None and ev.connected:
             s.values = sign_step(s.values, ev.grads, 0.15, s.bounds, extra)
         if st.steps % 100 == 0 or (not ev.trained and in_place(before, s.values)):
-            refresh_samples(s, 0.05, ev.per_sample)
+            self.refresh(ctx, ev.per_sample)
 
-    def refresh(self, ctx: Context) -> None:
-        """The scheduler's refresh of a riding site: the ride's own (most of the batch is what it rides on)."""
-        refresh_samples(ctx.s, 0.05, ctx.s.strategy_state.get("last_per_sample"))
+    def refresh(self, ctx: Context, per_sample=None) -> None:
+        """The ride's own refresh, and the scheduler's of a riding site: 5% of the rows (most of the batch is
+        what the training rides on)."""
+        s = ctx.s
+        point = s.cache.get("current")
+        refresh_samples(s, 0.05, per_sample if per_sample is not None else s.strategy_state.get("last_per_sample"))
+        if point is not None:
+            s.cache["current"] = point          # the ride measures its own steps: no new start measurement
 
 
 def first_batch(ctx: Context, ev: Evaluation | None) -> dict[str, np.ndarray]:
