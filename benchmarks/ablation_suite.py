@@ -345,7 +345,9 @@ def plan(subs: list[Subject], arms: list[str], seeds: list[int], rerun: bool,
 
 
 def _inferred(arm: str, members: list[Subject], seed: int, full: dict[tuple, dict]) -> dict | None:
-    """The arm's results on a build and seed, when none of its tactics acted there in ``full``; else None."""
+    """The arm's results on a build and seed, when none of its tactics acted there in ``full``, or when the
+    full list missed every subject of the build at every seed (a variant is not run on a subject no arm of
+    the strategy finds: counted a miss, ``not_run``); else None."""
     tactics = tactics_of(arm)
     if tactics is None:
         return None
@@ -354,6 +356,10 @@ def _inferred(arm: str, members: list[Subject], seed: int, full: dict[tuple, dic
         r = full.get(("adaptive", s.key, seed))
         if r is None or "error" in r:
             return None
+        runs = [v for (a, k, _), v in full.items() if a == "adaptive" and k == s.key]
+        if runs and not any(v.get("found") for v in runs):
+            out[s.key] = {"found": False, "steps": s.budget, "version": r.get("version"), "not_run": True}
+            continue
         acts = r["acts"] if "acts" in r else _acts(r)
         if any(acts.get(t) for t in tactics):
             return None
@@ -463,7 +469,7 @@ def keep(results: dict[tuple, dict], record_as: dict[str, str]) -> list[str]:
 
 def _slim(r: dict) -> dict:
     """A result as the record keeps it: the outcome, the seconds, how often each tactic acted."""
-    keepers = ("found", "steps", "site", "search_s", "total_s", "version", "error", "inferred")
+    keepers = ("found", "steps", "site", "search_s", "total_s", "version", "error", "inferred", "not_run")
     acts = r.get("acts") if "acts" in r else _acts(r)
     return {**{k: r[k] for k in keepers if k in r and r[k] is not None}, **({"acts": acts} if acts else {})}
 

@@ -105,9 +105,9 @@ class Land(Tactic):
     not eat it), in log space first for such an op, then in the op's input space aiming exactly onto the edge
     and, where the edge is crossed rather than hit (not a zero divisor), 1.5 times as far. Then, unless the
     edge must be landed on exactly, shorter steps along the first (0.5, 0.2, 0.05 of it); and a sign step of
-    10% of the box, for a gradient too small to trust its size. In a program that trains, with the edge out
-    of the box's reach, only the full steps: the rest reach it no better, and each trains the program on a
-    batch of box corners. Searched weights that the program's training moves are stepped from where the
+    10% of the box, for a gradient too small to trust its size. In a program that trains, where the full
+    steps find the edge out of the box's reach, only the full steps: the rest reach it no better, and each
+    trains the program on a batch of box corners. Searched weights that the program's training moves are stepped from where the
     training left them (the margin removed is the one the linear model predicts there). A step no worse
     than the recent accepted margins is accepted as a tie (a margin quantised at the float resolution)."""
 
@@ -132,7 +132,9 @@ class Land(Tactic):
                 x = self._polyak(ctx, space, 1.5)
                 if x is not None:
                     yield "land:cross", x
-        rides = s.runner.trains and not s.frozen and out_of_reach(ctx, cur)
+        # the full steps say the edge is out of the box's reach (a zero gradient says nothing: a step there is
+        # a measurement after the program's training moved)
+        rides = bool(full) and s.runner.trains and not s.frozen and out_of_reach(ctx, cur)
         if full and not exact_edge(ctx) and not rides:
             for t in (0.5, 0.2, 0.05):
                 yield "land:back", between(s.values, full[0], t)
@@ -266,7 +268,8 @@ class Freeze(Tactic):
     see (box corners, mutations), and on a hazard of the program's own loss (a softmax's cross-entropy) it
     lowers the loss on the very batch the search raises it on: the point the search reached is often nearer
     the edge at the factory's weights than at today's. After a failed round in a program that has trained,
-    the point is measured at today's weights and at the factory's (two steps, the same randomness); the
+    where the search has made progress from the site's first margin, the point is measured at today's weights
+    and at the factory's (two steps, the same randomness); the
     site goes on from the lower, and from the factory's only where the edge is within the box's reach there:
     frozen (``SiteSearch.freeze``: every step starts from the factory's state, its training steps still run
     and are watched, their writes undone). Twice per site at most."""
@@ -281,8 +284,9 @@ class Freeze(Tactic):
         saved: dict | None = None       # today's state, put back when the factory's is no nearer
 
     def on_failed_round(self, ctx: Context) -> bool:
-        s, cur = ctx.s, ctx.cur
-        if not s.trained or s.frozen or self.st.checks >= 2 or not math.isfinite(cur.hard):
+        s, cur, origin = ctx.s, ctx.cur, ctx.core.origin
+        if (not s.trained or s.frozen or self.st.checks >= 2 or not math.isfinite(cur.hard) or origin is None
+                or not cur.hard < origin):
             return False
         self.st.stage, self.st.checks = 1, self.st.checks + 1
         return True
@@ -487,9 +491,10 @@ class Steer(Tactic):
 class Restart(Tactic):
     """Today's weights were trained on every batch the search tried, box corners and mutations included, which
     no training would see. When a site's first ride starts in a program that has trained (inputs searched,
-    not weights), the program's own first training step from the factory's state on the search's point is
-    measured (two steps: that training step, and the margin it leaves), and the ride goes from there when
-    that margin is below the point's under today's weights; else today's state is put back."""
+    not weights) for 16 steps at least (fewer batches have barely moved the weights), the program's own first
+    training step from the factory's state on the search's point is measured (two steps: that training
+    step, and the margin it leaves), and the ride goes from there when that margin is below the point's
+    under today's weights; else today's state is put back."""
 
     name = "restart"
 
@@ -502,7 +507,7 @@ class Restart(Tactic):
 
     def on_ride_start(self, ctx: Context, again: bool) -> None:
         s, cur = ctx.s, ctx.cur
-        if again or not s.trained or s.config.search_weights or cur is None or not cur.seen:
+        if again or not s.trained or s.config.search_weights or cur is None or not cur.seen or s.step < 16:
             return
         if not math.isfinite(cur.hard):
             return
