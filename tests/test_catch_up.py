@@ -68,11 +68,10 @@ def test_quanta_that_do_not_land_on_the_step_are_refused(uninterrupted):
 
 
 def test_adaptive_on_a_program_that_trains_does_not_depend_on_its_slicing():
-    """Every step of a tactic of its own (a restart's two measurements, a ride's steps) is one step that a
-    quantum may cut: the next quantum makes the same step, and a tactic's state changes only once its step
-    is taken. Two quanta after a refresh against 320 one-step quanta, through gradient steps, a ride of the
-    program's training with its restart and its steering, a ride given up after its patience and ridden
-    again on the program's own data."""
+    """Every step of a tactic of its own (a ride's steps, its steering, a walk) is one step that a quantum
+    may cut: the next quantum makes the same step, and a tactic's state changes only once its step is taken.
+    Two quanta after a refresh against 320 one-step quanta, through gradient steps and a ride of the
+    program's training."""
     spec = TargetSpec("rsqrt-b16", "benchmarks/targets/raw_units.py:make_target",
                       {"subject": "rsqrt_norm_guarded", "scale": 10.0, "batch": 16}, seed=7, base_dir=os.getcwd())
     config = SearchConfig("adaptive", 1500, 7)
@@ -90,7 +89,7 @@ def test_adaptive_on_a_program_that_trains_does_not_depend_on_its_slicing():
 
     whole = run([(35, False), (120, True), (200, False)])
     kinds = {p[3].split(":")[0] for p in whole}
-    assert {"land", "restart", "ride"} <= kinds, f"the case: gradient steps, then riding the training ({kinds})"
+    assert {"land", "ride"} <= kinds, f"the case: gradient steps, then riding the training ({kinds})"
     assert run([(35, False)] + [(1, i == 0) for i in range(120)] + [(1, False)] * 200) == whole
 
 
@@ -203,13 +202,13 @@ def test_a_checkpoint_is_a_copy_that_the_search_it_came_from_does_not_change():
         return SiteSearch(runner, site, config)
 
     live = search()
-    while not (live.strategy_state.get("drift") and live.strategy_state.get("drift_steps", 0) >= 3):
-        assert live.step < 600 and not live.run(1).status.final, "the case: a site that drifts"
+    while not (live.strategy_state.get("ride.active") and live.strategy_state.get("ride.steps", 0) >= 3):
+        assert live.step < 600 and not live.run(1).status.final, "the case: a site that rides the training"
     arrays, meta = live.checkpoint()
     kept = ({k: v.copy() for k, v in arrays.items()}, copy.deepcopy(meta))
     trace = lambda r: [(p.step, p.suspect_loss, p.event) for p in r.trace]  # noqa: E731
     after = trace(live.run(40))
-    assert any(e == "drift" for _, _, e in after)
+    assert any(e == "ride" for _, _, e in after)
     assert meta == kept[1] and all(np.array_equal(arrays[k], kept[0][k]) for k in arrays)
     for _ in range(2):
         again = search()
