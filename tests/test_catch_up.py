@@ -67,21 +67,11 @@ def test_quanta_that_do_not_land_on_the_step_are_refused(uninterrupted):
         Worker(WorkerOptions()).run(_spec(), site, config, 5, False, Resume(outs[0].checkpoint, ((4, True),), 9))
 
 
-@pytest.mark.parametrize("ride_again", [False, True])
-def test_adaptive_on_a_program_that_trains_does_not_depend_on_its_slicing(ride_again, monkeypatch):
-    """The re-measurement of a point (a program that trains, after a failed list) is one step that a
-    quantum may cut: the next quantum makes the same step, it does not count a second re-measurement
-    (it did: the search cache of the scheduler benchmark caught it, and a catch-up in other slices
-    would have gone elsewhere). So are the probe's mutations and the steps that ride the program's
-    training (each one step; the probe's last call takes none). Two quanta after a refresh against
-    320 one-step quanta, through a probe, a drift given up after its patience, and re-measurements;
-    with RIDE_AGAIN (the default), through a drift given up and ridden again from the factory's state."""
-    from fuzz_core.strategies import adaptive
-
-    monkeypatch.setattr(adaptive, "RIDE_AGAIN", ride_again)
-    rides = []
-    real = adaptive.Adaptive._ride_again
-    monkeypatch.setattr(adaptive.Adaptive, "_ride_again", staticmethod(lambda s: (rides.append(s.step), real(s))))
+def test_adaptive_on_a_program_that_trains_does_not_depend_on_its_slicing():
+    """Every step of a tactic of its own (a ride's steps, its steering, a walk) is one step that a quantum
+    may cut: the next quantum makes the same step, and a tactic's state changes only once its step is taken.
+    Two quanta after a refresh against 320 one-step quanta, through gradient steps and a ride of the
+    program's training."""
     spec = TargetSpec("rsqrt-b16", "benchmarks/targets/raw_units.py:make_target",
                       {"subject": "rsqrt_norm_guarded", "scale": 10.0, "batch": 16}, seed=7, base_dir=os.getcwd())
     config = SearchConfig("adaptive", 1500, 7)
@@ -98,12 +88,8 @@ def test_adaptive_on_a_program_that_trains_does_not_depend_on_its_slicing(ride_a
         return points
 
     whole = run([(35, False), (120, True), (200, False)])
-    events = [p[3] for p in whole]
-    assert "probe" in events and "drift" in events, "the case: a slow site probed, then riding the training"
-    if ride_again:
-        assert len(rides) == 1, "the case: a drift given up, ridden again"
-    else:
-        assert events.count("recheck") == 2, "the case: a program that trains, re-measured"
+    kinds = {p[3].split(":")[0] for p in whole}
+    assert {"land", "ride"} <= kinds, f"the case: gradient steps, then riding the training ({kinds})"
     assert run([(35, False)] + [(1, i == 0) for i in range(120)] + [(1, False)] * 200) == whole
 
 
@@ -217,13 +203,13 @@ def test_a_checkpoint_is_a_copy_that_the_search_it_came_from_does_not_change():
         return SiteSearch(runner, site, config)
 
     live = search()
-    while not (live.strategy_state.get("drift") and live.strategy_state.get("drift_steps", 0) >= 3):
-        assert live.step < 600 and not live.run(1).status.final, "the case: a site that drifts"
+    while not (live.strategy_state.get("ride.active") and live.strategy_state.get("ride.steps", 0) >= 3):
+        assert live.step < 600 and not live.run(1).status.final, "the case: a site that rides the training"
     arrays, meta = live.checkpoint()
     kept = ({k: v.copy() for k, v in arrays.items()}, copy.deepcopy(meta))
     trace = lambda r: [(p.step, p.suspect_loss, p.event) for p in r.trace]  # noqa: E731
     after = trace(live.run(40))
-    assert any(e == "drift" for _, _, e in after)
+    assert any(e == "ride" for _, _, e in after)
     assert meta == kept[1] and all(np.array_equal(arrays[k], kept[0][k]) for k in arrays)
     for _ in range(2):
         again = search()

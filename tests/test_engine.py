@@ -152,9 +152,9 @@ def test_program_that_raises_is_an_error_with_traceback_and_the_run_goes_on(modu
 
 MUTATE = '''
 import numpy as np
-from fuzz_core.strategies.adaptive import MUTATIONS, _mutate
+from fuzz_core.strategies.adaptive.steps import MUTATIONS, mutate
 x = np.linspace(0.1, 0.9, 32, dtype=np.float32).reshape(4, 8)
-print([_mutate(kind, x, [1], 0.0, 1.0, salt).tobytes().hex() for salt, kind in enumerate(MUTATIONS)])
+print([mutate(kind, x, [1], 0.0, 1.0, salt).tobytes().hex() for salt, kind in enumerate(MUTATIONS)])
 '''
 
 

@@ -366,51 +366,6 @@ def test_scheduler_figure_charges_a_miss_its_campaigns_end_and_unspent_budget():
     assert "round-robin 900, share 500" in text
 
 
-# ---------------------------------------------------------------- the ablation's side-by-side run
-def test_the_ablation_runs_both_arms_in_child_processes_and_tells_a_difference_from_a_tie(capsys):
-    """Real child processes on a subject the switch cannot touch (a softmax regression found before
-    any drift): both arms find it in the same steps; the report's verdicts and totals follow the outcomes."""
-    from benchmarks.grist_suite import ablation
-
-    assert ablation.main(["--bugs", "ID_26", "--max-steps", "60", "--no-write", "--jobs", "2"]) == 0
-    out = capsys.readouterr().out
-    row = next(line for line in out.splitlines() if line.startswith("| ID_26 |"))
-    assert row.endswith("| same |") and "- (" not in row, row
-    found = {"found": True, "steps": 9, "search_s": 0.5}
-    results = {("A", 0, "on"): {"sites": [dict(found, found=True)]}, ("A", 0, "off"): {"sites": [], "budget": 100},
-               ("B", 0, "on"): {"sites": [], "budget": 100}, ("B", 0, "off"): {"error": "exit 1: boom", "sites": []}}
-    text = ablation.report("RESTART", ["A", "B"], results, 100)
-    assert "| A | 9 (0.50s) | - (100) | **found on only** |" in text
-    assert "| B | - (100) | - (100) error | same |" in text and "B (seed 0, off): exit 1: boom" in text
-    assert "| on | 1/2 | 54.5 | 109 |" in text
-
-
-def test_the_ablation_over_several_seeds_counts_every_bug_and_seed():
-    """A bug's row lists each seed's outcome per arm; the verdict compares the seeds found and the median
-    steps; the totals run over every (bug, seed)."""
-    from benchmarks.grist_suite import ablation
-
-    def hit(steps):
-        return {"sites": [{"found": True, "steps": steps, "search_s": 0.1}]}
-
-    miss = {"sites": [], "budget": 100}
-    results = {("A", 0, "on"): hit(10), ("A", 1, "on"): hit(30), ("A", 0, "off"): hit(10), ("A", 1, "off"): miss,
-               ("B", 0, "on"): hit(20), ("B", 1, "on"): hit(40), ("B", 0, "off"): hit(20), ("B", 1, "off"): hit(40)}
-    text = ablation.report("DRIFT_CRN", ["A", "B"], results, 100, seeds=[0, 1])
-    assert "| A | 10, 30 | 10, - (100) | **found 2 vs 1 of 2; median -35 steps** |" in text
-    assert "| B | 20, 40 | 20, 40 | same |" in text
-    assert "| on | 4/4 | 25 | 100 |" in text and "| off | 3/4 | 30 | 170 |" in text
-    assert "search seeds 0, 1" in text
-
-
-def test_the_ablation_names_an_unknown_bug_and_exits_2(capsys):
-    from benchmarks.grist_suite import ablation
-
-    with pytest.raises(SystemExit) as stop:
-        ablation.main(["--bugs", "ID_999", "--no-write"])
-    assert stop.value.code == 2 and "'ID_999'" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize("argv, says", [
     (["--subjects", "26", "--max-steps", "10"], "--subjects"),
     (["--section", "Bad Name", "--report-only"], "--section"),

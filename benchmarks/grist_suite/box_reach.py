@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.grist_suite.ablation import find_bug, require_bugs  # noqa: E402
+from benchmarks.grist_suite.run import find_bug, require_bugs  # noqa: E402
 from benchmarks.grist_suite.run import RECORD  # noqa: E402
 
 # missed by every search here at 80,000 steps (RESULTS), and two controls: the same programs' log bugs, found

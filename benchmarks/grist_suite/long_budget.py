@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.grist_suite import grist_loop, run as suite  # noqa: E402
-from benchmarks.grist_suite.ablation import find_bug, require_bugs  # noqa: E402
+from benchmarks.grist_suite.run import find_bug, require_bugs  # noqa: E402
 
 SUITE_BUDGET = 1000
 CACHE = suite.CACHE / "long_budget"

@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 MARK = re.compile(r"#\s*GRIST bug\s+([A-Za-z0-9_,\s]+)")
 
 
+SETTINGS = ("grist", "free")   # GRIST's setting (inputs, and GRIST's gain in [0, 16]); weights free (RANUM's kind)
+
+
 @dataclass(frozen=True)
 class Published:
     """GRIST's own figures for one bug, as its paper reports them (None where it gives none)."""
@@ -34,6 +37,18 @@ class Bug:
     grist: Published = Published()
     note: str = ""
     search_weights: bool = False       # GRIST searched a variable, not an input: run with search.search_weights
+    # GRIST's setting, where it differs from the above (weights free, the kind of search RANUM makes): the
+    # factory's arguments and weight search that search only what GRIST's entry searched, as GRIST bounded it
+    grist_setting: dict | None = None
+
+    def setting(self, name: str) -> tuple[dict, bool]:
+        """(factory arguments, search_weights) of the bug in a setting: ``"free"`` (the suite's default:
+        weights searched freely where GRIST searched a variable) or ``"grist"`` (GRIST's own)."""
+        if name == "grist" and self.grist_setting is not None:
+            return dict(self.grist_setting["args"]), bool(self.grist_setting["search_weights"])
+        if name not in SETTINGS:
+            raise ValueError(f"setting must be one of {SETTINGS}, got {name!r}")
+        return dict(self.args), bool(self.search_weights)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.grist_suite.model import Bug, Subject, marked_lines  # noqa: E402
+from benchmarks.grist_suite.model import SETTINGS, Bug, Subject, marked_lines  # noqa: E402
 
 SUITE = Path(__file__).resolve().parent
 CACHE = SUITE / ".cache"
@@ -73,6 +73,23 @@ def load_subjects(frameworks: list[str]) -> tuple[list[Subject], list[str]]:
     return sorted(subjects, key=lambda s: (s.framework, s.id)), missing
 
 
+def find_bug(bug_id: str) -> tuple[Subject, Bug] | None:
+    """(subject, bug) of the suite's registries with this id, or None."""
+    subjects, _ = load_subjects(list(REGISTRIES))
+    for subject in subjects:
+        for bug in subject.bugs:
+            if bug.id == bug_id:
+                return subject, bug
+    return None
+
+
+def require_bugs(ap: argparse.ArgumentParser, bugs: list[str]) -> None:
+    """Exit 2 (``ap.error``) naming every id in ``bugs`` that is no bug of the suite's registries."""
+    unknown = [bug for bug in bugs if find_bug(bug) is None]
+    if unknown:
+        ap.error(f"--bugs: no bug {', '.join(map(repr, unknown))} in the suite's registries (ids such as ID_48a)")
+
+
 def subject_key(subject: Subject) -> str:
     return f"{subject.framework}-id{subject.id:02d}"
 
@@ -85,26 +102,30 @@ def pick(subjects: list[Subject], wanted: list[str] | None) -> list[Subject]:
 
 
 def groups(subject: Subject) -> list[dict[str, Any]]:
-    """The distinct (entry, args) of a subject's bugs: one target build each."""
+    """The distinct (entry, args, weight search) of a subject's bugs in every setting
+    (:data:`~benchmarks.grist_suite.model.SETTINGS`): one target build each."""
     out: list[dict[str, Any]] = []
     for bug in subject.bugs:
-        g = {"entry": bug.entry, "args": dict(bug.args), "search_weights": bool(getattr(bug, "search_weights", False))}
-        if g not in out:
-            out.append(g)
+        for setting in SETTINGS:
+            args, weights = bug.setting(setting)
+            g = {"entry": bug.entry, "args": args, "search_weights": weights}
+            if g not in out:
+                out.append(g)
     return out
 
 
-def _of_group(bug: Bug, group: dict) -> bool:
-    return (group["entry"] == bug.entry and group["args"] == bug.args
-            and bool(group.get("search_weights", False)) == bool(getattr(bug, "search_weights", False)))
+def _of_group(bug: Bug, group: dict, setting: str = "free") -> bool:
+    args, weights = bug.setting(setting)
+    return (group["entry"] == bug.entry and group["args"] == args
+            and bool(group.get("search_weights", False)) == weights)
 
 
-def bug_group(bug: Bug, res: dict | None) -> dict | None:
-    """The group of a worker's result that built the bug's program (its entry, arguments and weight search),
-    or None: no result, a crashed worker, or no such build."""
+def bug_group(bug: Bug, res: dict | None, setting: str = "free") -> dict | None:
+    """The group of a worker's result that built the bug's program in ``setting`` (its entry, arguments and
+    weight search), or None: no result, a crashed worker, or no such build."""
     if not res or "crash" in res:
         return None
-    return next((g for g in res["groups"] if _of_group(bug, g)), None)
+    return next((g for g in res["groups"] if _of_group(bug, g, setting)), None)
 
 
 def engine_revision() -> str:
@@ -536,11 +557,11 @@ def end_to_end(res: dict, site: dict) -> float:
     return round(float(setup) + float(site["search_s"]) + float(site.get("confirm_s") or 0.0), 4)
 
 
-def bug_outcome(subject: Subject, bug: Bug, res: dict | None, max_steps: int) -> dict[str, Any]:
-    """Found or not at GRIST's op, with steps, seconds and the replay result."""
+def bug_outcome(subject: Subject, bug: Bug, res: dict | None, max_steps: int, setting: str = "free") -> dict[str, Any]:
+    """Found or not at GRIST's op, in ``setting``, with steps, seconds and the replay result."""
     if res is None or "crash" in res:
         return {"found": False, "steps": max_steps, "search_s": None, "e2e_s": None, "replay": "crash"}
-    group = bug_group(bug, res)
+    group = bug_group(bug, res, setting)
     if group is None or group.get("error"):
         return {"found": False, "steps": max_steps, "search_s": None, "e2e_s": None, "replay": "error"}
     hits = [s for s in group["sites"] if s.get("confirmed") and at_bug(s, bug)]
@@ -691,8 +712,10 @@ def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list
            frameworks: list[str], missing: list[str], seed: int, note: str = "", section: str = "") -> str:
     runnable = [s for s in subjects if s.runnable]
     bugs = [(s, b) for s in runnable for b in s.bugs]
-    outcome = {(b.id, st): bug_outcome(s, b, results.get((subject_key(s), st)), s.budget(max_steps))
-               for s, b in bugs for st in strategies}
+    both = {(b.id, st, setting): bug_outcome(s, b, results.get((subject_key(s), st)), s.budget(max_steps), setting)
+            for s, b in bugs for st in strategies for setting in SETTINGS}
+    outcome = {(bid, st): o for (bid, st, setting), o in both.items() if setting == "free"}
+    differ = [b for _, b in bugs if b.grist_setting is not None]
     has_random = "random" in strategies
 
     def random_hard(bug: Bug) -> bool | None:
@@ -704,7 +727,9 @@ def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list
     rows = []
     for s, b in bugs:
         row = [b.id, f"{s.name}", b.op, _published(b)]
-        row += [_fmt_steps(outcome[(b.id, st)], s.budget(max_steps)) for st in strategies]
+        row += [_fmt_steps(outcome[(b.id, st)], s.budget(max_steps))
+                + (f"; GRIST's setting: {_fmt_steps(both[(b.id, st, 'grist')], s.budget(max_steps))}"
+                   if b.grist_setting is not None else "") for st in strategies]
         replays = {outcome[(b.id, st)]["replay"] for st in strategies}
         row.append("FAILED" if "FAILED" in replays else "crash" if "crash" in replays else
                    "ok" if "ok" in replays else "-")
@@ -724,8 +749,14 @@ def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list
             "(search seconds); `-` is a miss, counted as the budget"
             + "".join(f" (ID_{s.id}: {s.budget(max_steps)} steps, a budget of its own: its steps cost seconds)"
                       for s in runnable if s.budget(max_steps) < max_steps)
-            + ". GRIST published: GRIST's own per-bug "
-            "figures (n/a: not found in any reachable source, see benchmarks/grist_suite/README.md). "
+            + ". Two settings, which differ for "
+            + (", ".join(b.id for b in differ) or "no bug") + ": **weights free** (the cells; RANUM's kind of search: "
+            "where GRIST searched a variable, every trainable weight is searched in the engine's box for weights, "
+            "its initial range grown by 4 times its largest magnitude on each side) and **GRIST's setting** "
+            "(after `;`: inputs, and only the variable GRIST's entry searched, as it bounded it: SC_DNN's gain in "
+            "[0, 16]; see `tf_programs/id28_sc_dnn.py`); every other bug is searched on its inputs only in both. "
+            "GRIST published: what GRIST's repository records of its own runs (n/a: nothing reachable, see "
+            "benchmarks/grist_suite/README.md). "
             f"Random-hard: random does not trigger the bug within {RANDOM_HARD_STEPS} steps.\n",
             table(["bug", "subject", "op", "GRIST published", *strategies, "replay", "random-hard"], rows), ""]
     engines = sorted({r.get("engine", "?") for r in results.values() if "crash" not in r})
@@ -748,15 +779,19 @@ def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list
 
     tot, elsewhere = [], {}
     for st in strategies:
-        found = [outcome[(b.id, st)] for _, b in bugs if outcome[(b.id, st)]["found"]]
+        cells = []
+        for setting in SETTINGS:
+            found = [b for _, b in bugs if both[(b.id, st, setting)]["found"]]
+            steps = [both[(b.id, st, setting)]["steps"] for _, b in bugs]
+            cells += [f"{len(found)}/{len(bugs)}", _median(steps) if steps else "-"]
         steps = [outcome[(b.id, st)]["steps"] for _, b in bugs]
         fired = {b.id: program_fired(b, results.get((subject_key(s), st))) for s, b in bugs}
         elsewhere[st] = [f"{b} ({op})" for b, op in fired.items() if op and not outcome[(b, st)]["found"]]
-        tot.append([st, f"{len(found)}/{len(bugs)}", f"{sum(op is not None for op in fired.values())}/{len(bugs)}",
-                    _median(steps) if steps else "-", sum(steps)])
+        tot.append([st, *cells, f"{sum(op is not None for op in fired.values())}/{len(bugs)}", sum(steps)])
     any_found = sum(any(outcome[(b.id, st)]["found"] for st in strategies) for _, b in bugs)
-    text += ["**Totals**\n", table(["strategy", "found at GRIST's op", "by GRIST's criterion",
-                                    "median steps (miss = budget)", "total steps"], tot),
+    text += ["**Totals** (found at GRIST's op; median steps, a miss counted as the budget)\n",
+             table(["strategy", "GRIST's setting: found", "median steps", "weights free: found", "median steps",
+                    "weights free, by GRIST's criterion", "weights free, total steps"], tot),
              "\nBy GRIST's criterion: its loop counts a bug once the program's loss goes non-finite, whatever op "
              "made it; here, a confirmed and replayed finding at any op of the bug's program (its build). "
              "Counted so and not at GRIST's op: "
@@ -768,10 +803,12 @@ def report(subjects: list[Subject], results: dict[tuple, dict], strategies: list
     hard = [b for _, b in bugs if random_hard(b)]
     if has_random:
         med = {st: _median([outcome[(b.id, st)]["steps"] for b in hard]) for st in strategies}
+        grist_med = {st: _median([both[(b.id, st, "grist")]["steps"] for b in hard]) for st in strategies}
         line = [f"**Random-hard bugs: {len(hard)}** ({', '.join(b.id for b in hard) or 'none'})."]
         if hard:
-            line.append(" Median steps to trigger (miss = budget): "
-                        + ", ".join(f"{st} {med[st]:g}" for st in strategies) + ".")
+            line.append(" Median steps to trigger (miss = budget), weights free: "
+                        + ", ".join(f"{st} {med[st]:g}" for st in strategies) + "; GRIST's setting: "
+                        + ", ".join(f"{st} {grist_med[st]:g}" for st in strategies) + ".")
             if "adaptive" in strategies:
                 for other in ("grist", "random"):
                     if other in strategies:

@@ -14,7 +14,7 @@ per-bug figures that are not reproduced here (``Published`` stays empty): its to
 """
 from __future__ import annotations
 
-from benchmarks.grist_suite.model import Bug, Subject
+from benchmarks.grist_suite.model import Bug, Published, Subject
 
 _DIR = "benchmarks/grist_suite/tf_programs"
 MNIST = "MNIST stand-in: scikit-learn's 8x8 digits enlarged to 28x28, pixels in [0, 1] (synthesised)"
@@ -33,13 +33,20 @@ def _one(sid: int, name: str, module: str, op: str = "log", data: str = MNIST, n
 
 
 def _variants(sid: int, name: str, module: str, bugs: list[tuple[str, str, str | dict]], data: str = MNIST,
-              note: str = "", search_weights: bool = False) -> Subject:
+              note: str = "", search_weights: bool = False, grist: dict[str, dict] | None = None) -> Subject:
     """A subject whose bugs each need one variant of the program: ``(letter, op, variant)``, the variant a
-    name or the factory's whole arguments (GRIST's entry file configured the program its own way)."""
+    name or the factory's whole arguments (GRIST's entry file configured the program its own way).
+    ``grist``: letter -> the factory's extra arguments in GRIST's setting (``Bug.grist_setting``: without
+    ``search_weights``), for a subject searched with ``search_weights``."""
     entry = _entry(module)
+
+    def args_of(variant):
+        return dict(variant) if isinstance(variant, dict) else {"variant": variant} if variant else {}
+
     return Subject(sid, name, "tensorflow", data=data, bugs=tuple(
-        Bug(f"ID_{sid}{letter}", op, entry, note=note, search_weights=search_weights,
-            args=dict(variant) if isinstance(variant, dict) else {"variant": variant} if variant else {})
+        Bug(f"ID_{sid}{letter}", op, entry, note=note, search_weights=search_weights, args=args_of(variant),
+            grist_setting=None if grist is None else
+            {"args": {**args_of(variant), **grist.get(letter, {})}, "search_weights": False})
         for letter, op, variant in bugs))
 
 
@@ -59,9 +66,9 @@ SUBJECTS: list[Subject] = [
     _variants(2, "GitHub-IPS-6", "id02_github_ips6", [("a", "log", ""), ("b", "log", "")],
               note="one program: a is log(p), b is log(1 - p)"),
     _one(3, "GitHub-IPS-9", "id03_github_ips9"),
-    _one(6, "StackOverFlow-1", "id06_stackoverflow1", note="dropout (keep 0.5) inside the graph"),
-    _one(7, "StackOverFlow-2", "id07_stackoverflow2", note="dropout (keep 0.5) inside the graph"),
-    _one(8, "StackOverFlow-6", "id08_stackoverflow6", note="dropout (keep 0.5) inside the graph"),
+    _one(6, "StackOverFlow-1", "id06_stackoverflow1", note="dropout (keep 0.5) in the training pass, none in the watched one, as GRIST's entry"),
+    _one(7, "StackOverFlow-2", "id07_stackoverflow2", note="dropout (keep 0.5) in the training pass, none in the watched one, as GRIST's entry"),
+    _one(8, "StackOverFlow-6", "id08_stackoverflow6", note="dropout (keep 0.5) in the training pass, none in the watched one, as GRIST's entry"),
     _variants(9, "StackOverFlow-7", "id09_stackoverflow7", [("a", "log", ""), ("b", "log", "")],
               note="one program: a is log(1 - q), b is log(q)"),
     _one(10, "StackOverFlow-14", "id10_stackoverflow14"),
@@ -84,8 +91,8 @@ SUBJECTS: list[Subject] = [
     _variants(28, "SC_DNN", "id28_sc_dnn",
               [("a", "div", "creg"), ("b", "div", "creg_div2"), ("c", "div", "l2reg"), ("d", "div", "l2reg_div2")],
               note="GRIST searched a variable (a gain, or the column sums of w1), not the images",
-              search_weights=True),
-    _one(29, "MachineLearning", "id29_machine_learning", note="dropout (keep 0.5) inside the graph"),
+              search_weights=True, grist={"a": {"gain_input": True}, "c": {"gain_input": True}}),
+    _one(29, "MachineLearning", "id29_machine_learning", note="dropout (keep 0.5) in the training pass, none in the watched one, as GRIST's entry"),
     _one(30, "Tensorflow_In_MachineLearning", "id30_tensorflow_in_machine_learning"),
     _one(31, "GAN_MNIST", "id31_gan_mnist", data=MNIST_SIGNED,
          note="two Adam optimizers grouped in one train op; dropout (keep 0.3) inside the graph"),
@@ -103,7 +110,11 @@ SUBJECTS: list[Subject] = [
          data="bmi.csv stand-in: heights 120..200 cm, weights 35..80 kg, BMI classes (synthesised)"),
     _variants(43, "deep_learning_Nikolenko_and_Co.ch10_04_05_Pic_10_07", "id43_nikolenko_ch10_04_05",
               [("a", "log", "log"), ("b", "sqrt", VAE_SQRT)], note=_VAE_NOTE),
-    _one(44, "CNNRelationExtraction", "id44_cnn_relation_extraction", note="dropout (keep 0.5) inside the graph"),
+    Subject(44, "CNNRelationExtraction", "tensorflow", data=MNIST, bugs=(
+        Bug("ID_44", "log", _entry("id44_cnn_relation_extraction"), note="dropout (keep 0.5) inside the graph",
+            # GRIST's repository records its run of CNN_grist.py in a comment atop
+            # scripts/study_case/ID_44/examples/cnn-mnist/mnist_example_grist.py
+            grist=Published(iterations=4522, seconds=154.15, found=True)),)),
     _variants(45, "DataStructure", "id45_data_structure", [("a", "log", "softmax"), ("b", "log", "cnn")]),
     _variants(48, "Dive_python", "id48_dive_python", [("a", "log", "deep"), ("b", "log", "easy")],
               note="a: input noise and dropout (keep 0.75) drawn inside the graph"),

@@ -102,11 +102,16 @@ def start_session(graph: tf.Graph) -> v1.Session:
     return session
 
 
-def tutorial_cnn_softmax(image, keep_prob: float | None):
+def tutorial_cnn_softmax(image, keep_prob: float | None, train_keep_prob: float | None = None):
     """The convolutional network of TensorFlow's "Deep MNIST for experts" tutorial, which several GRIST
     subjects copy: on ``[batch, 28, 28, 1]`` images, two 5x5 SAME convolutions (32 and 64 maps, ReLU,
     2x2 max-pooling), a 1024-unit ReLU layer, dropout at ``keep_prob`` (none when ``None``) and a
-    10-way softmax; weights from a truncated normal of stddev 0.1, biases 0.1. Returns the softmax."""
+    10-way softmax; weights from a truncated normal of stddev 0.1, biases 0.1. Returns the softmax.
+
+    ``train_keep_prob``: the program watches one pass and trains on another (GRIST's entries of ID_6,
+    ID_7, ID_8 and ID_29 feed ``keep_prob: 1.0`` to the pass they watch and 0.5 to ``train_step``):
+    returns ``(watched, trained)``, two softmaxes of the same variables on the same images, the first
+    with dropout at ``keep_prob``, the second at ``train_keep_prob``."""
     def weight(shape):
         return tf.Variable(tf.random.truncated_normal(shape, stddev=0.1))
 
@@ -117,12 +122,26 @@ def tutorial_cnn_softmax(image, keep_prob: float | None):
         conv = tf.nn.relu(tf.nn.conv2d(h, w, strides=[1, 1, 1, 1], padding="SAME") + b)
         return tf.nn.max_pool2d(conv, ksize=2, strides=2, padding="SAME")
 
-    h = conv_pool(image, weight([5, 5, 1, 32]), bias([32]))
-    h = conv_pool(h, weight([5, 5, 32, 64]), bias([64]))
-    h = tf.nn.relu(tf.matmul(tf.reshape(h, [-1, 7 * 7 * 64]), weight([7 * 7 * 64, 1024])) + bias([1024]))
-    if keep_prob is not None:
-        h = dropout(h, keep_prob)
-    return tf.nn.softmax(tf.matmul(h, weight([1024, 10])) + bias([10]))
+    made: list = []
+
+    def param(i: int, make, shape):
+        """The ``i``-th variable, created at its first use (the order of the single-pass network, whose
+        initial values the graph's seed ties to the order the ops are made in), reused after."""
+        if i == len(made):
+            made.append(make(shape))
+        return made[i]
+
+    def forward(keep: float | None):
+        h = conv_pool(image, param(0, weight, [5, 5, 1, 32]), param(1, bias, [32]))
+        h = conv_pool(h, param(2, weight, [5, 5, 32, 64]), param(3, bias, [64]))
+        h = tf.nn.relu(tf.matmul(tf.reshape(h, [-1, 7 * 7 * 64]), param(4, weight, [7 * 7 * 64, 1024]))
+                       + param(5, bias, [1024]))
+        if keep is not None:
+            h = dropout(h, keep)
+        return tf.nn.softmax(tf.matmul(h, param(6, weight, [1024, 10])) + param(7, bias, [10]))
+
+    watched = forward(keep_prob)
+    return watched if train_keep_prob is None else (watched, forward(train_keep_prob))
 
 
 def bmi_pool(seed: int, n: int = 20000) -> Pool:

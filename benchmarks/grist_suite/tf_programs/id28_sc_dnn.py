@@ -20,9 +20,21 @@ search moved it, and clipped it to ``[0, 16]`` after each of their steps.
 - ``"l2reg"`` / ``"l2reg_div2"`` (one program, two GRIST entries): every weight from ``N(0, 1)``, one scalar
   gain per layer ``U(0, 16)``, no guards, penalty ``0.0012 * sum w^2 / 2`` (``l2_regularizer``).
 
-GRIST searched a variable, not the images: the first layer's gain (``creg``, ``l2reg``) or the column sums ``S``
-(the ``div2`` entries, through a copy that never reached the graph, so only training moved them). The engine
-reaches them with ``search_weights``; the images ``X`` are searched inputs too.
+GRIST searched a variable, not the images: the first layer's gain (``creg``, ``l2reg``: ``g - min|g| / grad``,
+clipped to ``[0, 16]``) or the column sums ``S`` (the ``div2`` entries, through a copy that never reached the
+graph, so only training moved them). Two settings:
+
+- weights free (the suite's default, RANUM's kind of search): ``search_weights``, every trainable variable
+  searched in the engine's box for weights (its initial range grown by 4 times its largest magnitude on each
+  side: the gain in about ``[-64, 80]``), and the images ``X``;
+- GRIST's (``gain_input=True`` for ``creg`` and ``l2reg``; the ``div2`` variants as they are, without
+  ``search_weights``): the images ``X`` and the first layer's gain, no other weight. The engine searches
+  inputs and the variables of ``search_weights`` only, in its own box, so the gain becomes an input ``G`` the
+  search may move within ``[0, 16]``, GRIST's clip: one row of gains per example (every row the factory's
+  draw, ``U(0, 16)``), each row's activations scaled by its own row, the scale carried on from row 0's, as
+  the original carries it on from its one gain. It does not train (``creg``: ``trainable=False``, as GRIST's
+  entry made it; ``l2reg``: GRIST's step sets it at every iteration). In ``creg`` its division is guarded
+  (``G + 1e-7``), so within ``[0, 16]`` the divisor never reaches 0.
 
 Data: MNIST stand-in (scikit-learn's digits, see :mod:`._common`), pixels in ``[0, 1]``: the bounds.
 
@@ -34,6 +46,7 @@ Bugs (ids in the order of GRIST's entry files), each a division in ``sc_matmul``
 """
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from benchmarks.grist_suite.tf_programs._common import mnist_pool, start_session, v1
@@ -71,9 +84,12 @@ def _clip_penalty(a):
     return 2 * (magnitude - tf.clip_by_value(magnitude, -1, +1))
 
 
-def make_target(seed: int = 0, variant: str = "creg", batch: int = 500, lr: float = 0.1) -> GraphTarget:
+def make_target(seed: int = 0, variant: str = "creg", batch: int = 500, lr: float = 0.1,
+                gain_input: bool = False) -> GraphTarget:
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if gain_input and variant.endswith("div2"):
+        raise ValueError(f"gain_input: GRIST's {variant} entry searched the column sums, not the gain")
     creg = variant.startswith("creg")
     guard = 1e-7 if variant == "creg" else 0.0
     pool = mnist_pool(seed, x="X", y="Y")
@@ -88,7 +104,11 @@ def make_target(seed: int = 0, variant: str = "creg", batch: int = 500, lr: floa
         wout = v1.get_variable("wout", initializer=tf.random.normal([128, 10]), regularizer=l2)
         b1 = v1.get_variable("b1", initializer=tf.random.normal([128]), regularizer=l2)
         bout = v1.get_variable("bout", initializer=tf.random.normal([10]), regularizer=l2)
-        gain1 = v1.get_variable("G_matmul_1", initializer=tf.random.uniform([128 if creg else 1], 0, 16))
+        units = 128 if creg else 1
+        if gain_input:
+            gain1 = v1.placeholder(tf.float32, [None, units], name="gain")
+        else:
+            gain1 = v1.get_variable("G_matmul_1", initializer=tf.random.uniform([units], 0, 16))
         gain2 = v1.get_variable("G_matmul_2", initializer=tf.random.uniform([10 if creg else 1], 0, 16))
         h, s = _sc_matmul(x, w1, tf.constant(1.0, shape=[1, 784]), gain1, guard)
         h, s = _sc_add(h, b1, s)
@@ -102,6 +122,14 @@ def make_target(seed: int = 0, variant: str = "creg", batch: int = 500, lr: floa
         else:
             loss = objective + tf.reduce_sum(v1.get_collection(v1.GraphKeys.REGULARIZATION_LOSSES))
         train = v1.train.AdamOptimizer(learning_rate=lr).minimize(loss)
-    return GraphTarget(graph=graph, session=start_session(graph), feeds={"X": x, "Y": y}, loss=loss,
-                       train_op=train, sample=lambda r: pool.draw(r, batch),
-                       bounds={"X": (0.0, 1.0)}, search=["X"])
+    if not gain_input:
+        return GraphTarget(graph=graph, session=start_session(graph), feeds={"X": x, "Y": y}, loss=loss,
+                           train_op=train, sample=lambda r: pool.draw(r, batch),
+                           bounds={"X": (0.0, 1.0)}, search=["X"])
+    gain0 = np.random.default_rng([seed, 0x28]).uniform(0, 16, units).astype(np.float32)
+
+    def sample(r: np.random.Generator) -> dict[str, np.ndarray]:
+        return {**pool.draw(r, batch), "G": np.tile(gain0, (batch, 1))}
+
+    return GraphTarget(graph=graph, session=start_session(graph), feeds={"X": x, "Y": y, "G": gain1}, loss=loss,
+                       train_op=train, sample=sample, bounds={"X": (0.0, 1.0), "G": (0.0, 16.0)}, search=["X", "G"])
