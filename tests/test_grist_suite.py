@@ -315,13 +315,13 @@ def test_the_record_keeps_no_path_of_the_machine_that_ran_it(tmp_path):
 
 
 def test_the_suite_campaign_file_is_the_registries_and_loads():
-    """campaigns/grist_suite.yaml is generated from the registries (stale if they changed) and
+    """benchmarks/grist_suite/campaign.yaml is generated from the registries (stale if they changed) and
     is a valid campaign: every entry exists, every target named once."""
     from benchmarks.grist_suite import campaign as suite_campaign
     from orchestrator.config import load_campaign
 
     assert suite_campaign.OUT.read_text() == suite_campaign.render(), \
-        "campaigns/grist_suite.yaml is stale: run python benchmarks/grist_suite/campaign.py"
+        "benchmarks/grist_suite/campaign.yaml is stale: run python benchmarks/grist_suite/campaign.py"
     loaded = load_campaign(suite_campaign.OUT)
     names = [t.name for t in loaded.targets]
     assert len(names) == len(set(names)) == len(suite_campaign.targets())

@@ -1,4 +1,4 @@
-"""Write ``campaigns/grist_suite.yaml``: GRIST's whole benchmark as one campaign.
+"""Write ``benchmarks/grist_suite/campaign.yaml``: GRIST's whole benchmark as one campaign.
 
 One target per (subject, factory arguments) of both registries, so the scheduler and the Ray
 path run on the field's public programs, not only on subjects written here. The file is
@@ -7,6 +7,10 @@ that it matches them. Bugs that GRIST found by searching a variable (``search_we
 listed with their factory like the others: a campaign sets ``search_weights`` for all its
 targets, so this one searches inputs only and says which bugs that leaves to the suite's
 runner (``benchmarks/grist_suite/run.py``).
+
+It lives beside the suite, not in ``campaigns/``: an example there states what a run of it finds
+(``expect:``) and a test holds it to that, while what a run of GRIST's programs finds is this
+benchmark's measurement (``run.py``), not a promise a file can make.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.grist_suite.run import load_subjects  # noqa: E402
 
-OUT = ROOT / "campaigns" / "grist_suite.yaml"
+OUT = ROOT / "benchmarks" / "grist_suite" / "campaign.yaml"
 
 HEADER = """\
 # GRIST's benchmark (FSE 2021; github.com/Jacob-yen/GRIST) as one campaign: every runnable
