@@ -86,7 +86,7 @@ class Tracking(_Model):
     enabled: bool = True
     max_site_runs: int = Field(100, ge=0, description=(
         "one MLflow child run per site while the campaign has at most this many sites (one page of the "
-        "MLflow UI); above, one child run per target (each site's best loss as a metric) and one per finding"))
+        "MLflow UI); above, one child run per target (each site's best loss as a metric) and one per bug"))
 
 
 class PrecisionConfig(_Model):

@@ -34,7 +34,7 @@ FILES = sorted(p.stem for p in CAMPAIGNS.glob("*.yaml"))
 # that said one bug and found none, issue 55); every other file runs as written with -m slow (the costly
 # ones: mixed_precision 960-1130 s, tf_keras_angular_guarded 485, tf_keras_angular 190-260, mixed_precision_tf
 # 100-120, gan_log_d 60-100, tf_naive_softmax 56-84, the other TensorFlow files 20-70 (TensorFlow's build and
-# pre-training dominate), the aggregates all_torch, all_tf and grist_suite many minutes).
+# pre-training dominate), the aggregates all_torch and all_tf many minutes).
 DEFAULT = {"log_sigmoid_guarded", "masked_attention_guarded", "softmax_xent_mlp_guarded", "poisson_adam_overflow",
            "poisson_adam_overflow_guarded", "logreg_focal_plain", "logreg_focal_plain_guarded", "train_only_bug",
            "rbm_free_energy", "div_sum_exp", "rsqrt_norm"}

@@ -364,9 +364,8 @@ def _submit(stack, job_id: str, working_dir: Path, entrypoint: list[str], env_va
 
 
 def _findings(text: str) -> int:
-    """The count on the campaign's closing line ``cdeepfuzz: N finding(s); ...`` (-1 if absent):
-    the log sites' forward and backward (log_grad) hazards both count."""
-    found = re.findall(r"^cdeepfuzz: (\d+) finding\(s\)", text, flags=re.M)
+    """The count on the campaign's closing line ``cdeepfuzz: N bug(s); summary: ...`` (-1 if absent)."""
+    found = re.findall(r"^cdeepfuzz: (\d+) bugs?;", text, flags=re.M)
     return int(found[-1]) if found else -1
 
 
@@ -452,14 +451,14 @@ def test_ray_job_submit_runs_a_campaign_tracked_in_mlflow(stack, jobs):
     found = {(s["target"], s["op"]) for s in summary["sites"] if s["status"] == "found"}
     assert {("sig", "log"), ("softmax-mlp", "log")} <= found
 
-    # The findings are in the MLflow server: `cdeepfuzz bugs` lists them.
+    # The bugs are in the output folder's bug database: `cdeepfuzz bugs` lists them.
     env = {k: v for k, v in stack["env"].items() if k != "RAY_metrics_report_interval_ms"}
-    bugs = subprocess.run([str(BIN / "cdeepfuzz"), "bugs", "--tracking-uri", stack["tracking"], "--json",
+    bugs = subprocess.run([str(BIN / "cdeepfuzz"), "bugs", "--output", str(summary_path.parent.parent), "--json",
                            "--campaign", "cluster-run"], env=env, cwd=stack["tmp"], capture_output=True,
                           text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert bugs.returncode == 0, bugs.stderr
     listed = json.loads(bugs.stdout)
-    assert {s for b in listed for s in b["site_ids"]} == {s["id"] for s in summary["sites"] if s["status"] == "found"}
+    assert {b["signature"] for b in listed} == {b["signature"] for b in summary["bugs"]}
     assert all(b["triage"] == "new" and b["campaigns"] == ["cluster-run"] for b in listed)
     seen = {k.split("/", 1)[1] for k in jobs["metrics"] if k.startswith("cluster-run/")}
     assert set(METRIC_NAMES) <= seen, f"seen: {sorted(jobs['metrics'])}"     # `cdeepfuzz run` exports them

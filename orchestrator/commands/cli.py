@@ -1,7 +1,7 @@
 """The ``cdeepfuzz`` command. Each command parses its arguments and calls one library function.
 
-Exit codes of ``run`` (:data:`orchestrator.run.campaign.EXIT_CODES`): 0 completed with no finding,
-1 completed with findings, 2 usage or configuration error (nothing started), 3 a target could not
+Exit codes of ``run`` (:data:`orchestrator.run.campaign.EXIT_CODES`): 0 completed and found no bug,
+1 completed and found bugs, 2 usage or configuration error (nothing started), 3 a target could not
 be built or its program raised (3 wins over 1), 4 stopped before completion (SIGTERM, SIGINT,
 ``time_limit_s``; resume with ``--resume``), 5 an internal error of CDeepFuzz (a bug to report).
 ``sites``: 0, 2, 3 (a target could not be built or run), 5. ``replay``: 0 reproduced, 1 not
@@ -22,7 +22,7 @@ import typer
 
 from orchestrator.config import ConfigError
 
-EXIT_CODES_HELP = ("Exit codes of run: 0 completed, no finding; 1 completed with findings; 2 usage or "
+EXIT_CODES_HELP = ("Exit codes of run: 0 completed, no bug found; 1 completed, bugs found; 2 usage or "
                    "configuration error; 3 a target could not be built or its program raised; 4 stopped before "
                    "completion (SIGTERM, SIGINT, time limit: continue with --resume); 5 internal error of "
                    "CDeepFuzz (please report it).")
@@ -64,22 +64,22 @@ def run(
     plain: bool = typer.Option(False, "--plain", help="plain progress lines even on a terminal"),
     no_metrics: bool = typer.Option(False, "--no-metrics", help="do not export live Ray metrics"),
     ok_on_findings: bool = typer.Option(False, "--ok-on-findings",
-                                        help="exit 0, not 1, when the campaign completed with findings "
+                                        help="exit 0, not 1, when the campaign completed and found bugs "
                                              "(for job schedulers that call any non-zero exit a failure)"),
     junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", metavar="PATH",
                                              help="also write the run as JUnit XML: one test case per op site "
-                                                  "(failure: a finding; error: a target or site error; skipped: "
+                                                  "(failure: a bug at that site; error: a target or site error; skipped: "
                                                   "not searched)"),
     sarif: Optional[Path] = typer.Option(None, "--sarif", metavar="PATH",
-                                         help="also write the findings as SARIF 2.1.0 (one result per finding at "
-                                              "the user's file:line), for code scanning"),
+                                         help="also write the bugs as SARIF 2.1.0 (one result per bug at the "
+                                              "user's file:line:col), for code scanning"),
     profile: bool = typer.Option(False, "--profile",
                                  help="at the end, print to stderr where the seconds went: each phase of the run "
                                       "from process start, and the heavy imports (torch, mlflow, ray, ...)"),
 ) -> None:
     """Run a campaign: discover every suspect op site and search them.
 
-    Exit codes: 0 completed, no finding; 1 completed with findings; 2 usage or configuration error;
+    Exit codes: 0 completed, no bug found; 1 completed, bugs found; 2 usage or configuration error;
     3 a target could not be built or its program raised; 4 stopped before completion (SIGTERM, SIGINT,
     time limit: continue with --resume); 5 internal error of CDeepFuzz (please report it).
     """

@@ -3,8 +3,8 @@ observers, the reuse phase, the controller, and the exit code.
 
 ``run_campaign`` is what ``cdeepfuzz run`` calls; it returns the CLI's exit code (:data:`EXIT_CODES`):
 
-- 0 the campaign completed with no finding;
-- 1 it completed with findings;
+- 0 the campaign completed and found no bug;
+- 1 it completed and found at least one bug;
 - 2 a usage or configuration error (raised as :class:`ConfigError` before anything starts);
 - 3 a target could not be built or its program raised (3 wins over 1);
 - 4 stopped before completion (SIGTERM, SIGINT / Ctrl-C, or ``time_limit_s``): resume it with
@@ -45,8 +45,8 @@ log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_TARGET, EXIT_STOPPED, EXIT_INTERNAL = 0, 1, 2, 3, 4, 5
 EXIT_CODES = {
-    EXIT_OK: "completed, no finding",
-    EXIT_FINDINGS: "completed with findings",
+    EXIT_OK: "completed, no bug found",
+    EXIT_FINDINGS: "completed, bugs found",
     EXIT_USAGE: "usage or configuration error (nothing started)",
     EXIT_TARGET: "a target could not be built or its program raised",
     EXIT_STOPPED: "stopped before completion (SIGTERM, SIGINT, time limit): resume with --resume",
