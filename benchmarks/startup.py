@@ -196,6 +196,9 @@ def main() -> int:
     ap.add_argument("--keep", metavar="JSON", help="also keep the measurements in this file")
     ap.add_argument("--from", dest="kept", metavar="JSON", help="measure nothing: report the kept measurements")
     ap.add_argument("--note", default="", help="a paragraph for the section (the machine's load, say)")
+    ap.add_argument("--section", default="startup",
+                    help="the section of RESULTS.md to write (another name keeps the default one: a quiet "
+                         "machine's figures beside a loaded one's, say)")
     args = ap.parse_args()
     measured = json.loads(Path(args.kept).read_text()) if args.kept else measure(args)
     if args.keep:
@@ -205,8 +208,11 @@ def main() -> int:
     if not args.no_write:
         flags = (f"--repeats {measured['repeats']} --modes {' '.join(measured['modes'])}"
                  + (f" --compare DIR --label '{measured['compare']}'" if measured["compare"] else ""))
-        write_section("startup", "## A start in seconds: the quickstart from process start (issue 57)\n\n" + body,
-                      "startup", flags)
+        title = "## A start in seconds: the quickstart from process start (issue 57)"
+        if args.section != "startup":
+            title += f" ({args.section})"
+            flags += f" --section {args.section}"
+        write_section(args.section, f"{title}\n\n" + body, "startup", flags)
     return 0
 
 
