@@ -68,15 +68,19 @@ def test_a_riding_search_resumes_exactly_from_its_checkpoint(during):
     """Taken while it rides, or between the two evaluations of its restart (the runner then holds the
     factory's once-trained state, and the strategy today's, to put back)."""
     runner, site = _site(ID_12, "torch")
-    _, result = _search(runner, site, 160)
-    events = [p.event for p in result.trace]
-    assert "ride" in events and "restart" in events, "it rides by then, after a restart"
+    for seed in range(5):           # a restart comes after 16 trained steps: at some seeds the search is over
+        _, result = _search(runner, site, 160, seed)
+        events = [p.event for p in result.trace]
+        if "ride" in events and "restart" in events:
+            break
+    else:
+        pytest.fail("at no seed of 0-4 does the search ride after a restart")
     trace = [(p.step, p.event, p.suspect_loss) for p in result.trace]
     first = events.index(during)
     head_steps = (result.trace[first].step if during == "restart"
                   else (result.trace[first].step + result.trace[-1].step) // 2)
 
-    config = SearchConfig(strategy="adaptive", max_steps=160, seed=0, reach_steps=0)
+    config = SearchConfig(strategy="adaptive", max_steps=160, seed=seed, reach_steps=0)
     head_search = SiteSearch(runner, site, config)
     head = head_search.run(head_steps)
     if during == "restart":

@@ -156,8 +156,8 @@ def test_underflow_to_zero_then_log_is_the_log_row_under_autocast():
 def test_summed_loss_is_found_once_the_search_stops_keeping_the_training_that_undoes_it():
     """mp_sum_loss: the fp16 ``.sum()`` of the loss overflows when the whole batch's error is large;
     each training step on such a batch teaches the student to match the teacher there (the loss is
-    what it lowers), faster than the search raises it. The recheck sees the training take the
-    progress back and freezes the site at its start state: found, and precision-only."""
+    what it lowers), faster than the search raises it. The freeze tactic's re-measurement sees the
+    training take the progress back and freezes the site at its start state: found, and precision-only."""
     from fuzz_core.search import SiteSearch
 
     spec = TargetSpec("mp_sum_loss", "campaigns/targets/mp_sum_loss.py:make_target")
@@ -167,7 +167,7 @@ def test_summed_loss_is_found_once_the_search_stops_keeping_the_training_that_un
     search = SiteSearch(r, site, config)
     result = search.run(40)
     assert result.status.value == "found" and search.frozen, [(p.event, p.suspect_loss) for p in result.trace]
-    assert any(p.event == "recheck" for p in result.trace)
+    assert any(p.event == "freeze" for p in result.trace)
     arrays, meta = search.checkpoint()                              # a resumed site stays frozen
     again = SiteSearch(r, site, config)
     again.restore(arrays, meta)
