@@ -422,9 +422,12 @@ def run(subs: list[Subject], arms: list[str], seeds: list[int], jobs: int, rerun
 def _run(subs: list[Subject], arms: list[str], seeds: list[int], jobs: int, rerun: bool,
          full: dict[tuple, dict] | None = None) -> dict[tuple, dict]:
     tasks, results = plan(subs, arms, seeds, rerun, full)
-    # the longest first (the record's seconds), so that two jobs end together
+    # the cheapest first (the full arm's seconds in this run, else the record's), so that a run cut short
+    # leaves the most builds with every arm measured: the report can be built from those alone
     cost = _record_seconds()
-    tasks.sort(key=lambda t: -sum(cost.get(s["key"], 30.0) for s in t["subjects"]) * len(t["runs"]))
+    for (arm, key, _), r in (full or {}).items():
+        cost[key] = max(cost.get(key, 0.0), float(r.get("total_s") or 0))
+    tasks.sort(key=lambda t: sum(cost.get(s["key"], 30.0) for s in t["subjects"]) * len(t["runs"]))
     inferred = sum(bool(r.get("inferred")) for r in results.values())
     print(f"{', '.join(arms)}: {len(results)} results cached ({inferred} inferred), {len(tasks)} child processes "
           f"to run with {jobs} job(s)", flush=True)
@@ -574,10 +577,11 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
                      + (f" ({sum(st['missing'])} missing)" if sum(st["missing"]) else "")])
     n_hard_t = sum(1 for s in tuning if s.key in hard)
     text = [
-        "## The adaptive strategy's arms over the whole subject set (issue 56)\n",
-        f"{len(subs)} subjects: GRIST's 79 bugs (ID_28a-d once in each setting, GRIST's and weights free), "
-        f"{sum(s.kind == 'targets' for s in subs)} buggy programs of `campaigns/targets` and "
-        f"{sum(s.kind == 'precision' for s in subs)} mixed-precision ones; seeds {', '.join(map(str, seeds))} "
+        "## The adaptive strategy's arms, side by side (issue 56)\n",
+        f"{len(subs)} subjects{_which(subs)}: {sum(s.kind == 'grist' for s in subs)} of GRIST's bugs (ID_28a-d "
+        f"once in each setting, GRIST's and weights free), {sum(s.kind == 'targets' for s in subs)} buggy "
+        f"programs of `campaigns/targets` and {sum(s.kind == 'precision' for s in subs)} mixed-precision ones; "
+        f"seeds {', '.join(map(str, seeds))} "
         f"(the search seed; every program built with seed 0); budget {MAX_STEPS} steps per site (ID_17: 100); "
         "a miss counts as the budget. Tuning set "
         f"{len(tuning)} subjects ({n_hard_t} random-hard), check set {len(subs) - len(tuning)} "
@@ -613,6 +617,19 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
     text += ["<details><summary>Per subject: steps at each seed (`-`: a miss)</summary>\n",
              table(["subject", "set", "random-hard", *[f"`{a}`" for a in arms]], detail), "\n</details>\n"]
     return "\n".join(text)
+
+
+def _which(subs: list[Subject]) -> str:
+    """Which part of the whole subject set ``subs`` is, in words (empty for the whole set)."""
+    every = subjects()
+    if len(subs) == len(every):
+        return ""
+    sets = {split(s.name) for s in subs}
+    if len(sets) != 1:
+        return " (a part of the subject set)"
+    name = sets.pop()
+    size = sum(split(s.name) == name for s in every)
+    return f" (the {name} set only)" if len(subs) == size else f" ({len(subs)} of the {name} set's {size})"
 
 
 def write_doc(body: str) -> None:
@@ -665,12 +682,13 @@ def main(argv: list[str] | None = None) -> int:
     everyone = subjects()
     body = report(subs if args.subjects or args.set else everyone, [a for a in shown if a != "random"], args.seeds)
     print(body)
-    if not args.no_write and not args.subjects and not args.set:
+    if not args.no_write:            # a part of the set too: the report's first line says which part
         from benchmarks._results import write_section
 
         write_doc(body)
+        chosen = (["--set", args.set] if args.set else []) + (["--subjects", *args.subjects] if args.subjects else [])
         write_section("ablation_suite", body, script="ablation_suite",
-                      args=" ".join(["--arms", *shown, "--seeds", *map(str, args.seeds)]))
+                      args=" ".join(["--arms", *shown, "--seeds", *map(str, args.seeds), *chosen]))
     return 0
 
 
