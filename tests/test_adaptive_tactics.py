@@ -112,19 +112,19 @@ def test_land_crosses_a_multiplicative_edge_in_log_space_in_a_step_or_two():
     assert found_within(lambda: fake("log"), lambda: without("land"), 3) == [None] * len(SEEDS)
 
 
-def test_land_aims_onto_a_point_edge_and_past_a_crossed_one():
-    s = search(fake("log"), Adaptive(), 50)
+def proposals_after_one_step(op: str, tactic: str) -> list[tuple[str, dict]]:
+    """What ``tactic`` proposes on the fake ``op`` after the search's first step."""
+    s = search(fake(op), Adaptive(), 50)
     s.run(1)
     ctx = s.strategy._open(s)
-    land = next(t for t in ctx.tactics if t.name == "land")
-    got = [label for label, _ in land.proposals(ctx)]
+    return list(next(t for t in ctx.tactics if t.name == tactic).proposals(ctx))
+
+
+def test_land_aims_onto_a_point_edge_and_past_a_crossed_one():
+    got = [label for label, _ in proposals_after_one_step("log", "land")]
     assert got[:3] == ["land:log", "land:linear", "land:cross"]      # log space first for a softmax-like op
     assert "land:back" in got and got[-1] == "land:sign"
-    s = search(fake("div"), Adaptive(), 50)
-    s.run(1)
-    ctx = s.strategy._open(s)
-    land = next(t for t in ctx.tactics if t.name == "land")
-    got = [label for label, _ in land.proposals(ctx)]
+    got = [label for label, _ in proposals_after_one_step("div", "land")]
     assert "land:cross" not in got and "land:back" not in got        # a zero divisor is hit, not crossed
 
 
@@ -137,11 +137,7 @@ def test_exact_hits_a_zero_divisor_that_gradient_steps_only_approach():
 
 
 def test_exact_proposes_each_batch_once():
-    s = search(fake("div"), Adaptive(), 50)
-    s.run(1)
-    ctx = s.strategy._open(s)
-    exact = next(t for t in ctx.tactics if t.name == "exact")
-    batches = [x["x"].tobytes() for _, x in exact.proposals(ctx)]
+    batches = [x["x"].tobytes() for _, x in proposals_after_one_step("div", "exact")]
     assert len(batches) == len(set(batches)) and len(batches) >= 8
 
 
