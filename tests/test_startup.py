@@ -131,23 +131,34 @@ def test_a_profile_starts_at_the_process_start_and_its_phases_add_up():
 
 
 @pytest.mark.mlflow
-def test_warm_up_sets_up_a_new_store_beside_the_run_and_the_writer_finds_it_ready(tmp_path: Path):
+def test_mlflow_is_set_up_in_a_child_process_that_the_tracker_takes_over(tmp_path: Path):
+    """MLflow's import and a new store's tables happen in the child that ``start`` launches (beside the
+    driver's own start), never in this process; the tracker sends through that same child."""
     import sqlite3
+    import sys
 
-    from orchestrator.observers.tracking_sender import _make_client, warm_up
+    from orchestrator.observers import tracking_process
+    from orchestrator.observers.tracking import Tracker
 
     db = tmp_path / "out" / "mlflow.db"
     uri = "sqlite:///" + db.as_posix()
-    thread = warm_up(uri)
-    writer = _make_client(uri)                   # the writer, while the warm-up may still run: it waits
-    thread.join(timeout=300)
-    assert not thread.is_alive() and not thread.daemon
-    with sqlite3.connect(db) as con:             # the store's tables, made once
+    already = "mlflow" in sys.modules
+    tracking_process.start(uri)
+    child = tracking_process._STARTED[uri]
+    tracker = Tracker(uri, "warm", tmp_path / "run")
+    assert tracker._sender._proc is child and uri not in tracking_process._STARTED
+    tracker.start_campaign("campaign", "run-1", {"a": 1}, {"state": "running"})
+    assert tracker.flush(120) and tracker.parent_run_id
+    assert tracker.close(timeout=30, status="FINISHED")
+    assert child.wait(10) == 0                   # closed with the tracker
+    assert already or "mlflow" not in sys.modules
+    with sqlite3.connect(db) as con:             # the store's tables, made by the child
         tables = {name for (name,) in con.execute("select name from sqlite_master where type='table'")}
     assert {"experiments", "runs", "metrics"} <= tables
-    assert writer._tracking_client.store is _make_client(uri)._tracking_client.store   # one store per URI
-    experiment = writer.create_experiment("warm")
-    assert writer.get_experiment(experiment).name == "warm"
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(tracking_uri=uri).get_run(tracker.parent_run_id)
+    assert run.info.status == "FINISHED" and run.data.params == {"a": "1"}
 
 
 def test_the_startup_benchmark_reads_the_profile_as_the_cli_prints_it():

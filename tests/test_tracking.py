@@ -253,3 +253,66 @@ def test_methods_never_raise(tmp_path: Path, caplog: pytest.LogCaptureFixture) -
     assert "not one of" in caplog.text and "start_site failed" in caplog.text
     tracker.close(timeout=5, status=None)
     tracker.set_tags("s", {"a": 1})  # after close: ignored, logged
+
+
+def test_a_child_that_dies_is_replaced_and_told_the_run_ids(store_uri: str, tmp_path: Path) -> None:
+    """MLflow runs in a child process: when it dies, the writer spools; its probe starts another child,
+    which learns the run ids of the first and replays the spool onto the same runs."""
+    tracker = Tracker(store_uri, "camp-child", tmp_path, tries=1, probe_interval_s=0.1)
+    _run_campaign(tracker, tmp_path)
+    assert tracker.flush(120) and not tracker.offline
+    first = tracker._sender._proc
+    first.kill()
+    first.wait(10)
+    tracker.log_metrics(SITES[2], [("steps", 7, 7)])
+    tracker.end(SITES[2], "FINISHED")
+    tracker.end("campaign", "FINISHED")
+    assert tracker.flush(60)
+    deadline = time.monotonic() + 120
+    while (tracker.offline or (tmp_path / tracking.SPOOL_NAME).exists()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not tracker.offline and tracker._sender._proc is not first
+    assert tracker.close(timeout=30)
+    client = MlflowClient(tracking_uri=store_uri)
+    ids = _check_campaign(client, tracker.parent_run_id)
+    experiment = client.get_experiment_by_name("camp-child").experiment_id
+    assert len(client.search_runs([experiment])) == 1 + len(SITES)     # none made twice
+    last = client.get_run(ids[SITES[2]])
+    assert last.info.status == "FINISHED" and last.data.metrics["steps"] == 7
+    assert client.get_run(tracker.parent_run_id).info.status == "FINISHED"
+
+
+def test_the_child_outlives_a_ctrl_c_and_ends_with_its_driver(store_uri: str, tmp_path: Path) -> None:
+    """A Ctrl-C reaches the whole process group: the child ignores it (the driver's stop still ends its runs
+    through it); a driver killed with SIGKILL closes the child's input, and the child exits."""
+    import signal
+    import subprocess
+
+    driver = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from orchestrator.observers.tracking import Tracker\n"
+        f"t = Tracker({store_uri!r}, 'camp-orphan', {str(tmp_path)!r})\n"
+        "t.start_campaign('campaign', 'r', {}, {})\n"
+        "assert t.flush(120)\n"
+        "print(t._sender._proc.pid, flush=True)\n"
+        "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    try:
+        child = int(driver.stdout.readline())
+        import os
+
+        os.kill(child, signal.SIGINT)
+        time.sleep(0.5)
+        os.kill(child, 0)                     # still there
+        driver.kill()
+        driver.wait(10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the MLflow child outlived its killed driver")
+    finally:
+        driver.kill()

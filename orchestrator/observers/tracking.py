@@ -1,7 +1,8 @@
 """MLflow tracking from a background writer thread.
 
 ``Tracker`` methods only put an operation on a queue and return; a daemon thread drains it
-through ``mlflow.tracking.MlflowClient``, so a slow or unreachable server never stalls the
+through ``mlflow.tracking.MlflowClient`` (in a child process:
+:mod:`orchestrator.observers.tracking_process`), so a slow or unreachable server never stalls the
 control loop, and no tracking failure raises into the caller (it is logged). Runs are
 addressed by our own keys (the campaign run key, e.g. ``"campaign"``, and each site id),
 which the writer maps to MLflow run ids. One experiment per campaign name, one parent run
@@ -55,8 +56,8 @@ from orchestrator.observers.tracking_sender import (
     _Outcome,
     _replay_file,
     _send,
-    _Sender,
 )
+from orchestrator.observers.tracking_process import RemoteSender
 
 __all__ = [
     "RunEnd",
@@ -156,7 +157,7 @@ class Tracker:
         self.spool_path = Path(spool_dir) / SPOOL_NAME
         self._tries, self._probe_interval_s = tries, probe_interval_s
         self._session = uuid.uuid4().hex[:12]
-        self._sender = _Sender(uri)
+        self._sender = RemoteSender(uri)      # MLflow itself runs in a child process
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._urgent: queue.SimpleQueue[Record] = queue.SimpleQueue()   # sent before what is queued
         self._spool_lock = threading.Lock()
@@ -320,6 +321,8 @@ class Tracker:
                     if isinstance(item, dict):
                         self._spool(item)
             self._queue.put(_STOP)           # taken out with the rest: the writer stops once its call returns
+        else:
+            self._sender.close()
         return drained and not self._thread.is_alive()
 
     def run_id(self, key: str) -> str | None:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
-__all__ = ["SPOOL_NAME", "SpoolReplay", "default_sqlite_uri", "experiment_ids", "replay_spool", "warm_up"]
+__all__ = ["SPOOL_NAME", "SpoolReplay", "default_sqlite_uri", "experiment_ids", "replay_spool"]
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def _sqlite_path(uri: str) -> Path | None:
 
 
 # One client made at a time in this process: MLflow keeps each URI's store (lru_cache), and a new
-# SQLite file gets its tables once, not from two threads at once (warm_up beside the writer).
+# SQLite file gets its tables once, not from two threads at once.
 _SETTING_UP = threading.Lock()
 
 
@@ -120,23 +120,6 @@ def _make_client(uri: str) -> MlflowClient:
         from mlflow.tracking import MlflowClient
 
         return MlflowClient(tracking_uri=uri)
-
-
-def warm_up(uri: str) -> threading.Thread:
-    """Import MLflow and set up ``uri``'s store (a new SQLite file's tables) in a thread, beside the
-    start of a run (Ray's start, building the targets): MLflow keeps the store, so the writer's client
-    finds it ready. Errors are left for the writer to meet and report. Not a daemon: an exit waits
-    for it rather than leave a SQLite file with half its tables."""
-
-    def set_up() -> None:
-        try:
-            _make_client(uri)
-        except Exception as exc:  # noqa: BLE001 - the writer meets it again, and spools or reports it
-            log.debug("tracking: warming up %s: %s", uri, exc)
-
-    thread = threading.Thread(target=set_up, name="cdeepfuzz-mlflow-warm-up")
-    thread.start()
-    return thread
 
 
 def _create_sqlite(db: Path) -> None:

@@ -30,7 +30,8 @@ from fuzz_core.search import SearchConfig
 from fuzz_core.status import ExitReason, RunState, SiteStatus
 from orchestrator.config import Campaign, ConfigError, check_cluster_settings, parse_campaign, resolve_tracking_uri
 from orchestrator.observers.base import Observer, Observers
-from orchestrator.observers.tracking_sender import SPOOL_NAME, warm_up
+from orchestrator.observers import tracking_process
+from orchestrator.observers.tracking_sender import SPOOL_NAME
 from orchestrator.phases import mark
 from orchestrator.run import failures
 from orchestrator.run.controller import Controller, LoopLimits
@@ -151,7 +152,7 @@ def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop
     check_cluster_settings(campaign, output, uri, path)
     root = resume_dir.parent if resume_dir is not None else Path(output)
     if campaign.tracking.enabled:      # MLflow's import and store set-up beside Ray's start and discovery
-        warm_up(uri or resolve_tracking_uri(None, output=root))
+        tracking_process.start(uri or resolve_tracking_uri(None, output=root))
     local = options.local or campaign.resources.num_actors == 0
     specs = target_specs(campaign)
     executor = options.executor or (LocalExecutor(worker_options(campaign), campaign.quantum_timeout_s, stop)
