@@ -4,7 +4,10 @@
 Every run is a fresh process, ``python -m orchestrator.cli run campaigns/quickstart.yaml [--local]
 --profile --quiet``, timed from its spawn to its exit; its ``--profile`` report gives the phases (from
 the process's start) and the heavy imports, and what is left after the report is the process's exit.
-``import torch`` alone, in a fresh interpreter, is measured in the same rounds for reference. The
+``import torch`` alone, in a fresh interpreter that exits at once (``os._exit``: no teardown, as the CLI
+skips it too), is measured in the same rounds for reference, and so are
+the campaign's programs alone (torch imported and every target built by its factory, no CDeepFuzz): the
+wall beyond them is CDeepFuzz's own. The
 modes: ``local`` (``--local``: every site in the driver), ``ray`` (an embedded Ray, as the README's
 quickstart), ``local-new`` (``--local`` into a new output folder: MLflow's SQLite file is made
 with its tables, as on a first run; the others reuse their folder's store), and ``one-bug``
@@ -101,7 +104,30 @@ def run_once(tree: Path, mode: str, output: Path, profile: bool) -> dict:
 
 def import_torch() -> float:
     began = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    # os._exit: the import, not the interpreter's teardown of torch (0.5 s), which the CLI skips too
+    subprocess.run([sys.executable, "-c", "import os, torch; os._exit(0)"], check=True)
+    return time.perf_counter() - began
+
+
+# The campaign's programs alone, without CDeepFuzz: a fresh interpreter imports torch (one thread, as the
+# run's worker sets it) and builds every target of the campaign with its factory, seed and arguments.
+PROGRAMS = """\
+import sys, torch, yaml
+torch.set_num_threads(1)
+from fuzz_core.loader import call_factory, load_factory
+campaign = yaml.safe_load(open(sys.argv[1]))
+seed = (campaign.get("search") or {}).get("seed", 0)
+for t in campaign["targets"]:
+    call_factory(load_factory(t["entry"]), seed, t.get("args") or {})
+import os; os._exit(0)
+"""
+
+
+def programs_alone(tree: Path, campaign: str) -> float:
+    """Seconds from spawn to exit of a process that imports torch and builds the campaign's programs."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    began = time.perf_counter()
+    subprocess.run([sys.executable, "-c", PROGRAMS, campaign], check=True, cwd=tree, env=env)
     return time.perf_counter() - began
 
 
@@ -111,12 +137,18 @@ def measure(args) -> dict:
                 for name, tree in trees.items()}
     runs: dict[str, dict[str, list[dict]]] = {name: {m: [] for m in args.modes} for name in trees}
     torch_s: list[float] = []
+    programs: dict[str, list[float]] = {"quickstart": [], "one-bug": []}
     with tempfile.TemporaryDirectory(prefix="cdf-startup-") as tmp:
+        one_bug = Path(tmp) / "one-bug-alone.yaml"
+        one_bug.write_text(ONE_BUG)
         for r in range(args.warmup + args.repeats):
             counted = r >= args.warmup
             t = import_torch()
+            alone = {"quickstart": programs_alone(ROOT, CAMPAIGN), "one-bug": programs_alone(ROOT, str(one_bug))}
             if counted:
                 torch_s.append(t)
+                for name, seconds in alone.items():
+                    programs[name].append(seconds)
             for mode in args.modes:
                 for name, tree in trees.items():
                     output = Path(tmp) / name / (f"{mode}-{r}" if mode == "local-new" else mode)
@@ -125,7 +157,7 @@ def measure(args) -> dict:
                           f"{one['findings']} findings, {one['steps']} steps", flush=True)
                     if counted:
                         runs[name][mode].append(one)
-    return {"repeats": args.repeats, "modes": args.modes, "import_torch": torch_s, "runs": runs,
+    return {"repeats": args.repeats, "modes": args.modes, "import_torch": torch_s, "programs": programs, "runs": runs,
             "compare": (args.label or Path(args.compare).resolve().name) if args.compare else None}
 
 
@@ -142,21 +174,28 @@ def report(m: dict) -> str:
                 continue
             wall = _median([r["wall"] for r in runs])
             search = _median([r["phases"].get("search and confirmation", float("nan")) for r in runs])
+            alone = _median(m.get("programs", {}).get("one-bug" if mode == "one-bug" else "quickstart", []))
             rows.append([m["compare"] if name == "compare" else name, mode, f"{wall:.2f}", f"{wall - torch_s:.2f}",
+                         f"{alone:.2f}" if alone == alone else "-",
+                         f"{wall - alone:.2f}" if alone == alone else "-",
                          f"{_median([r['cpu'] for r in runs]):.2f}",
                          f"{search:.2f}" if search == search else "-",
                          f"{_median([r['after_report'] for r in runs if 'after_report' in r]):.2f}"
                          if any("after_report" in r for r in runs) else "-",
                          f"{runs[0]['findings']} / {runs[0]['steps']}"])
-    head = ["checkout", "mode", "wall s", "wall - import torch s", "CPU s (driver)", "search and confirmation s",
+    head = ["checkout", "mode", "wall s", "wall - import torch s", "its programs alone s",
+            "wall - programs alone s", "CPU s (driver)", "search and confirmation s",
             "exit s (after the report)", "findings / steps"]
     if not m["compare"]:
         head, rows = head[1:], [row[1:] for row in rows]
     counts = sorted({len(runs) for modes in m["runs"].values() for runs in modes.values() if runs})
     rounds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     text = [f"Medians of {rounds} rounds; `import torch` alone in a fresh interpreter: {torch_s:.2f} s "
-            f"(same rounds). The quickstart: 3 programs, 6 sites searched, 707 steps; one-bug: 1 program, "
-            f"its one site; CPU is the driver process's (with Ray, the actor's is not in it).", "",
+            f"(same rounds; it exits without the interpreter's teardown, which the CLI skips too). The quickstart: 3 programs, 6 sites searched, 707 steps; one-bug: 1 program, "
+            f"its one site; CPU is the driver process's (with Ray, the actor's is not in it). Its programs "
+            f"alone: a fresh interpreter that imports torch and builds the campaign's programs with their "
+            f"factories, without CDeepFuzz (same rounds): what is left of the wall beyond it is CDeepFuzz's "
+            f"own (the search, which runs the programs, included).", "",
             table(head, rows), ""]
     if m["compare"]:
         paired = []

@@ -177,6 +177,6 @@ def test_the_startup_benchmark_reads_the_profile_as_the_cli_prints_it():
            "findings": 6, "phases": {"search and confirmation": 2.0}, "phase_cpu": {"search and confirmation": 1.9},
            "imports": {"torch": 1.5}}
     text = report({"repeats": 1, "modes": ["local"], "import_torch": [2.0], "compare": None,
-                   "runs": {"this": {"local": [run]}}})
-    assert "| local | 9.00 | 7.00 | 6.00 | 2.00 | 0.40 | 6 / 707 |" in text, text
+                   "programs": {"quickstart": [5.5], "one-bug": [2.1]}, "runs": {"this": {"local": [run]}}})
+    assert "| local | 9.00 | 7.00 | 5.50 | 3.50 | 6.00 | 2.00 | 0.40 | 6 / 707 |" in text, text
     assert "| search and confirmation | 2.00 | 1.90 |" in text, text
