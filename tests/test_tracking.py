@@ -316,3 +316,33 @@ def test_the_child_outlives_a_ctrl_c_and_ends_with_its_driver(store_uri: str, tm
             pytest.fail("the MLflow child outlived its killed driver")
     finally:
         driver.kill()
+
+
+def test_a_run_stopped_before_its_tracker_leaves_no_mlflow_process(tmp_path: Path) -> None:
+    """A campaign stopped while its targets are being built ends before it makes its tracker: the MLflow
+    child started for it at the run's start ends with the run."""
+    from fuzz_core.status import ExitReason
+    from orchestrator.config import load_campaign
+    from orchestrator.observers import tracking_process
+    from orchestrator.run.campaign import EXIT_STOPPED, RunOptions, run_campaign
+    from orchestrator.run.stopping import StopRun
+
+    class StoppedWhileBuilding:
+        def discover(self, specs):  # noqa: ANN001, ANN201
+            raise StopRun(ExitReason.INTERRUPTED)
+
+        def shutdown(self) -> None:
+            pass
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"name: gone\ntargets:\n  - {{name: t, entry: tests/targets/faults.py:make_target}}\n"
+                    f"resources: {{num_actors: 0}}\noutput: {tmp_path / 'out'}\n")
+    started = []
+    real = tracking_process._spawn
+    tracking_process._spawn = lambda uri: started.append(real(uri)) or started[-1]
+    try:
+        out = run_campaign(load_campaign(path), path, RunOptions(progress=False, executor=StoppedWhileBuilding()))
+    finally:
+        tracking_process._spawn = real
+    assert out.exit_code == EXIT_STOPPED and out.run_dir is None
+    assert started and all(p.poll() is not None for p in started) and not tracking_process._STARTED

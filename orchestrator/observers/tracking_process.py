@@ -38,7 +38,7 @@ from typing import IO, Any
 
 from orchestrator.observers.tracking_sender import Record, _is_transient, _make_client, _Permanent, _Sender
 
-__all__ = ["RemoteSender", "start"]
+__all__ = ["RemoteSender", "discard", "start"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,31 @@ def start(uri: str) -> None:
                 _STARTED[uri] = _spawn(uri)
             except OSError as exc:           # the tracker meets it again and spools
                 log.debug("tracking: could not start the MLflow process: %s", exc)
+
+
+def discard() -> None:
+    """End every child that :func:`start` launched and no tracker took over (a run that ended before it
+    made its tracker: a target that failed to build, a stop during discovery)."""
+    with _STARTED_LOCK:
+        left = list(_STARTED.values())
+        _STARTED.clear()
+    for proc in left:
+        _end(proc, 5.0)
+
+
+def _end(proc: subprocess.Popen, timeout: float) -> None:
+    """Close the child's input (it finishes the call it is in and exits) and wait for it."""
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    finally:
+        proc.stdout.close()
 
 
 class RemoteSender(_Sender):
@@ -136,19 +161,8 @@ class RemoteSender(_Sender):
     def close(self, timeout: float = 5.0) -> None:
         """End the child: its input closes, it finishes the call it is in and exits."""
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        finally:
-            proc.stdout.close()
+        if proc is not None:
+            _end(proc, timeout)
 
 
 class _Recording(_Sender):

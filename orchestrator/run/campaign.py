@@ -135,7 +135,10 @@ def run_campaign(campaign: Campaign | None, path: Path | None, options: RunOptio
     """Run (or resume) a campaign; SIGTERM and SIGINT stop it cleanly while it runs."""
     stop = StopRequest()
     with stop.installed():
-        return _run(campaign, path, options, stop)
+        try:
+            return _run(campaign, path, options, stop)
+        finally:
+            tracking_process.discard()     # an MLflow child no tracker took over (the run ended before it)
 
 
 def _run(campaign: Campaign | None, path: Path | None, options: RunOptions, stop: StopRequest) -> RunOutcome:
