@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 os.chdir(REPO)   # op-site locations and campaign entries are relative to the current directory
+# what CDeepFuzz keeps once per machine (the empty MLflow store) is this session's own, for its subprocesses too
+os.environ.setdefault("CDEEPFUZZ_CACHE", tempfile.mkdtemp(prefix="cdeepfuzz-cache-"))
 
 try:
     import torch

@@ -346,3 +346,29 @@ def test_a_run_stopped_before_its_tracker_leaves_no_mlflow_process(tmp_path: Pat
         tracking_process._spawn = real
     assert out.exit_code == EXIT_STOPPED and out.run_dir is None
     assert started and all(p.poll() is not None for p in started) and not tracking_process._STARTED
+
+
+def test_a_new_store_is_a_copy_of_one_empty_store_per_mlflow_version(tmp_path: Path, monkeypatch) -> None:
+    """MLflow's migrations run once per version (into the cache); a new store is a copy of that empty
+    store and takes runs like a migrated one. Where the cache cannot be written, the migrations run for
+    the store itself."""
+    import mlflow
+
+    monkeypatch.setenv("CDEEPFUZZ_CACHE", str(tmp_path / "cache"))
+    first, second = tmp_path / "a" / "mlflow.db", tmp_path / "b" / "mlflow.db"
+    tracking_sender._create_sqlite(first)
+    template = tmp_path / "cache" / f"mlflow-{mlflow.__version__}.db"
+    made = template.stat().st_mtime_ns
+    tracking_sender._create_sqlite(second)
+    assert template.stat().st_mtime_ns == made and first.read_bytes() == second.read_bytes()
+    (tmp_path / "blocked").write_text("a file where the cache folder would be")
+    monkeypatch.setenv("CDEEPFUZZ_CACHE", str(tmp_path / "blocked" / "cache"))
+    third = tmp_path / "c" / "mlflow.db"
+    tracking_sender._create_sqlite(third)
+    for db in (second, third):
+        client = MlflowClient(tracking_uri="sqlite:///" + db.as_posix())
+        experiment = client.create_experiment("copied")
+        run = client.create_run(experiment)
+        client.log_metric(run.info.run_id, "loss", 1.5)
+        assert client.get_run(run.info.run_id).data.metrics == {"loss": 1.5}
+    assert sorted(p.name for p in tmp_path.rglob("*.init")) == []

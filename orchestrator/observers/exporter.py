@@ -20,6 +20,7 @@ was ~7 ms of the loop's time, MLflow's calls ~12 ms).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -47,10 +48,7 @@ class Exporter(Observer):
 
     def __init__(self, run_dir: Path, output: Path, campaign: str, strategy: str, mlflow=None, summary=None,
                  interval_s: float | None = None) -> None:
-        from orchestrator.observers.parquet import ParquetStore
-
         self.run_dir, self.output, self.campaign = Path(run_dir), Path(output), campaign
-        self.parquet = ParquetStore(output, campaign, self.run_dir.name)
         self.strategy, self.mlflow, self.summary = strategy, mlflow, summary
         self.interval_s = INTERVAL_S if interval_s is None else interval_s
         self.watermark, self.findings_mark = self._read_watermark()
@@ -62,6 +60,14 @@ class Exporter(Observer):
         self._thread: threading.Thread | None = None
         self._store: RunStore | None = None
 
+    @functools.cached_property
+    def parquet(self):  # noqa: ANN201
+        """The run's Parquet store: pyarrow's import (half a second) in the export thread, which starts while
+        the driver waits for MLflow's runs, not on the way to the search."""
+        from orchestrator.observers.parquet import ParquetStore
+
+        return ParquetStore(self.output, self.campaign, self.run_dir.name)
+
     # -- the thread -----------------------------------------------------------------------------
     def sites_ready(self, sites) -> None:
         self._sites.update({rec.site.id: (rec.site.target, rec.site.op) for rec in sites})
@@ -70,6 +76,8 @@ class Exporter(Observer):
             self._thread.start()
 
     def _loop(self) -> None:
+        with self._lock:
+            self.parquet          # noqa: B018 - made here, off the driver's way to the search
         while not self._stop.wait(self.interval_s):
             try:
                 self.export()

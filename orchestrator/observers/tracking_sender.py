@@ -20,11 +20,13 @@ in ``mlartifacts/<experiment>``, not in MLflow's default ``./mlruns`` of the cwd
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -125,17 +127,60 @@ def _make_client(uri: str) -> MlflowClient:
 def _create_sqlite(db: Path) -> None:
     """Create MLflow's tables in a file beside ``db`` and rename it into place: MLflow builds a new SQLite
     store by a series of migrations, and a process stopped in the middle of them (a campaign stopped in
-    its first seconds) left a store no later MLflow call could open ("table ... already exists")."""
-    from mlflow.tracking import MlflowClient
-
+    its first seconds) left a store no later MLflow call could open ("table ... already exists"). The
+    file is a copy of an empty store made once per MLflow version (:func:`_empty_store`: the migrations
+    take 1-2 s, the copy milliseconds); where that cannot be kept, the migrations run here."""
     db.parent.mkdir(parents=True, exist_ok=True)
     tmp = db.with_name(f".{db.name}.{os.getpid()}.{time.monotonic_ns()}.init")
     try:
-        MlflowClient(tracking_uri="sqlite:///" + tmp.resolve().as_posix()).search_experiments(max_results=1)
+        template = _empty_store()
+        if template is not None:
+            shutil.copyfile(template, tmp)
+        else:
+            _migrate(tmp)
         if not db.exists():
             os.replace(tmp, db)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _migrate(db: Path) -> None:
+    """MLflow's migrations into a new SQLite file ``db``."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri="sqlite:///" + db.resolve().as_posix()).search_experiments(max_results=1)
+
+
+def cache_dir() -> Path:
+    """Where CDeepFuzz keeps what it makes once per machine: ``$CDEEPFUZZ_CACHE``, else
+    ``$XDG_CACHE_HOME/cdeepfuzz``, else ``~/.cache/cdeepfuzz``."""
+    explicit = os.environ.get("CDEEPFUZZ_CACHE")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cdeepfuzz"
+
+
+def _empty_store() -> Path | None:
+    """An empty SQLite store of this MLflow version (``mlflow-<version>.db`` in :func:`cache_dir`), made
+    the first time it is asked for; None where the folder cannot be written."""
+    import mlflow
+
+    path = cache_dir() / f"mlflow-{mlflow.__version__}.db"
+    if path.is_file():
+        return path
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.init")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _migrate(tmp)
+        if not path.exists():           # another process may have made it meanwhile: either is the same
+            os.replace(tmp, path)
+        return path
+    except OSError as exc:
+        log.debug("tracking: no empty MLflow store in %s (%s): each new store is migrated", path.parent, exc)
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def _artifact_location(uri: str, experiment: str) -> str | None:
