@@ -12,11 +12,11 @@ modes: ``local`` (``--local``: every site in the driver), ``ray`` (an embedded R
 quickstart), ``local-new`` (``--local`` into a new output folder: MLflow's SQLite file is made
 with its tables, as on a first run; the others reuse their folder's store), and ``one-bug``
 (``--local``, a campaign of one small program with one planted bug and no optimizer,
-``tests/targets/faults.py``, 30 steps). Rounds take the modes in turn, so that the machine's other
+``tests/targets/faults.py``, 30 steps), ``one-bug-new`` (the same into a new output folder). Rounds take the modes in turn, so that the machine's other
 load falls on all of them alike; a first round is not counted (it makes the stores). ``--compare DIR`` also runs another checkout of CDeepFuzz (the one before a
 change) the same way in every round, timed by its wall clock alone where it has no ``--profile``.
 
-    python benchmarks/startup.py [--repeats 5] [--modes local ray local-new one-bug] [--compare DIR] [--keep JSON]
+    python benchmarks/startup.py [--repeats 5] [--modes local ray local-new one-bug one-bug-new] [--compare DIR] [--keep JSON]
                                  [--no-write]
     python benchmarks/startup.py --from JSON     (the section again from kept measurements)
 """
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._results import table, write_section  # noqa: E402
 
 CAMPAIGN = "campaigns/quickstart.yaml"
-MODES = {"local": ["--local"], "ray": [], "local-new": ["--local"], "one-bug": ["--local"]}
+MODES = {"local": ["--local"], "ray": [], "local-new": ["--local"], "one-bug": ["--local"], "one-bug-new": ["--local"]}
 # one-bug: a program with one planted bug and no optimizer (PyTorch's Optimizer.step imports torch._dynamo)
 ONE_BUG = """\
 name: one-bug
@@ -64,7 +64,7 @@ def run_once(tree: Path, mode: str, output: Path, profile: bool) -> dict:
     """One ``cdeepfuzz run`` of the quickstart from ``tree`` (a checkout): wall and CPU seconds of its
     process, its profile (phases, imports, the seconds after the report) and what it found."""
     campaign = CAMPAIGN
-    if mode == "one-bug":
+    if mode.startswith("one-bug"):
         output.parent.mkdir(parents=True, exist_ok=True)
         campaign = str(output.parent / "one-bug.yaml")
         Path(campaign).write_text(ONE_BUG)
@@ -151,7 +151,7 @@ def measure(args) -> dict:
                     programs[name].append(seconds)
             for mode in args.modes:
                 for name, tree in trees.items():
-                    output = Path(tmp) / name / (f"{mode}-{r}" if mode == "local-new" else mode)
+                    output = Path(tmp) / name / (f"{mode}-{r}" if mode.endswith("-new") else mode)
                     one = run_once(tree, mode, output, profiled[name])
                     print(f"round {r}{'' if counted else ' (not counted)'} {name} {mode}: {one['wall']:.2f} s, "
                           f"{one['findings']} findings, {one['steps']} steps", flush=True)
@@ -174,7 +174,7 @@ def report(m: dict) -> str:
                 continue
             wall = _median([r["wall"] for r in runs])
             search = _median([r["phases"].get("search and confirmation", float("nan")) for r in runs])
-            alone = _median(m.get("programs", {}).get("one-bug" if mode == "one-bug" else "quickstart", []))
+            alone = _median(m.get("programs", {}).get("one-bug" if mode.startswith("one-bug") else "quickstart", []))
             rows.append([m["compare"] if name == "compare" else name, mode, f"{wall:.2f}", f"{wall - torch_s:.2f}",
                          f"{alone:.2f}" if alone == alone else "-",
                          f"{wall - alone:.2f}" if alone == alone else "-",
