@@ -161,11 +161,12 @@ def cache_dir() -> Path:
 
 
 def _empty_store() -> Path | None:
-    """An empty SQLite store of this MLflow version (``mlflow-<version>.db`` in :func:`cache_dir`), made
-    the first time it is asked for; None where the folder cannot be written."""
+    """An empty SQLite store of this MLflow version and schema (``mlflow-<version>-<schema revision>.db`` in
+    :func:`cache_dir`), made the first time it is asked for; None where the folder cannot be written."""
     import mlflow
+    from mlflow.store.db.utils import _get_latest_schema_revision
 
-    path = cache_dir() / f"mlflow-{mlflow.__version__}.db"
+    path = cache_dir() / f"mlflow-{mlflow.__version__}-{_get_latest_schema_revision()}.db"
     if path.is_file():
         return path
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.init")
