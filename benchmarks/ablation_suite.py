@@ -589,7 +589,8 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
         f"`random` (seed 0) does not find it within {RANDOM_HARD_STEPS} steps: {len(hard)} subjects; a subject "
         "random inputs trigger in a few steps tests nothing, so their median is given apart. A cell: the mean "
         "over the seeds (each seed's value). Seconds: every search and confirmation of the arm, all seeds, "
-        "one thread each, on this shared machine.\n",
+        "one thread each, on this shared machine. An arm not run on every subject says how many (subject, "
+        "seed) results it lacks beside its seconds; they count as misses in this table only.\n",
         table(["arm", "found: tuning", "found: check", "found: all", "median steps", "median steps, random-hard",
                "seconds"], rows), ""]
     full = "adaptive"
@@ -597,14 +598,18 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
     if full in stats and ablated:
         vrows = []
         for arm in ablated:
-            keep_, why = verdict(stats[full], stats[arm])
-            vrows.append([f"`{arm}`", _fmt(stats[full]["found"]), _fmt(stats[arm]["found"]),
-                          _fmt(stats[full]["median_hard"]), _fmt(stats[arm]["median_hard"]),
-                          _fmt(stats[full]["median"]), _fmt(stats[arm]["median"]),
+            # on the subjects both arms were run on at every seed: a result not run is no miss of the tactic's
+            both = [s for s in subs if all(r is not None for a in (full, arm) for r in outcomes(a, [s], seeds).values())]
+            f_st, a_st = (per_seed(a, both, seeds, budget_of) for a in (full, arm))
+            keep_, why = verdict(f_st, a_st)
+            vrows.append([f"`{arm}`", f"{len(both)}", _fmt(f_st["found"]), _fmt(a_st["found"]),
+                          _fmt(f_st["median_hard"]), _fmt(a_st["median_hard"]),
+                          _fmt(f_st["median"]), _fmt(a_st["median"]),
                           ("**earns its place**: " if keep_ else "does not earn its place: ") + why])
-        text += ["Each tactic and setting against the full arm (`adaptive`): " + verdict.__doc__.split("?", 1)[1]
+        text += ["Each tactic and setting against the full arm (`adaptive`), on the subjects both were run on at "
+                 "every seed (`subjects`): " + verdict.__doc__.split("?", 1)[1]
                  .strip().replace("\n   ", "").replace("  ", " ") + "\n",
-                 table(["arm", "found with", "found without", "random-hard median with", "without",
+                 table(["arm", "subjects", "found with", "found without", "random-hard median with", "without",
                         "median with", "without", "verdict"], vrows), ""]
     detail = []
     for s in subs:
