@@ -189,7 +189,7 @@ class Flat(FakeRunner):
 def test_escape_walks_twelve_sign_steps_after_a_failed_round():
     """Without the quasi-Newton step, gradient steps stall in the narrow valley: a failed round, then a walk
     of twelve steps, each 2.5% of the box along the gradient's sign, taken whatever the margin does."""
-    s = search(fake("valley"), without("curvature", "refresh"), 400)
+    s = search(fake("valley"), without("curvature"), 400)
     events, moves = [], []
     while s.status() is SiteStatus.SEARCHING and events.count("escape") < 12:
         before = s.values["x"].copy()
@@ -213,24 +213,19 @@ def test_sign_steps_are_a_fraction_of_the_box_and_clipped():
     np.testing.assert_allclose(out["x"], [[0.0, 0.7, 1.0]])
 
 
-def test_refresh_replaces_a_share_of_the_batch_every_third_failed_round():
-    runner = Flat("div", np.linspace(-1, 1, 8))
-    s = search(runner, without("escape"), 200)
-    r = s.run(200)
-    assert "refresh" in labels(r)
-    s = search(Flat("div", np.linspace(-1, 1, 8)), Adaptive(options=AdaptiveOptions(refresh_fraction=0.5)),
-               200)
-    history = []
-    while s.status() is SiteStatus.SEARCHING:
-        history.append(s.values["x"].copy())
-        r = s.run(1)
-        if r.trace and r.trace[-1].event == "refresh":      # the refreshed point's first measurement
-            break
-    assert s.strategy_state["core.failed_rounds"] % 3 == 0
-    assert int((s.values["x"] != history[-2]).any(axis=1).sum()) == 2        # half of the 4 rows
+def test_the_schedulers_refresh_replaces_refresh_fraction_of_the_batch_and_measures_the_point_anew():
+    """The strategy has no refresh of its own (its ablation: no result changed on the check set); the
+    scheduler's refresh of a plateaued site replaces ``refresh_fraction`` of the rows, the least important."""
+    s = search(Flat("div", np.linspace(-1, 1, 8)), Adaptive(options=AdaptiveOptions(refresh_fraction=0.5)), 200)
+    s.run(5)
+    before = s.values["x"].copy()
+    r = s.run(1, refresh=True)
+    assert r.trace and r.trace[0].event == "refresh"          # the refreshed point's first measurement
+    assert int((s.values["x"] != before).any(axis=1).sum()) == 2        # half of the 4 rows
+    assert "refresh" not in {t.name for t in DEFAULT_TACTICS}
 
 
-# -- the training tactics: Ride, Steer, Restart, Freeze -------------------------------------------------
+# -- the training tactics: Ride, Steer, Freeze -------------------------------------------------
 
 class Trains:
     """A program that trains: a weight ``w`` grows by ``rate`` times the batch's mean at every step, and
@@ -325,29 +320,19 @@ def test_steer_adds_the_lookahead_during_a_ride_and_learns_which_rule_goes():
     assert sum(g is not None for g in gains) >= 2            # the rules were tried in turn
 
 
-def test_restart_measures_only_once_the_search_has_trained_the_program_for_a_while():
-    """A ride that starts within the search's first 16 steps rides from today's weights at once (its few
-    batches have barely moved them); later, the factory's first training step on the point is measured."""
-    for seed in SEEDS:
-        s = search(Trains(), Adaptive(), 600, seed)
-        r = s.run(600)
-        assert "ride" in labels(r) and "restart" not in labels(r), seed      # this program rides at once
-
-
 def test_freeze_answers_a_training_that_takes_back_the_searchs_progress():
     """Every training step takes back what the inputs gained (the edge is within the box's reach at the
     factory's weights, and out of it once the program has trained on the search's batches): measured at
     both, the point is nearer the edge at the factory's, and the site searches from there at every step,
-    and finds it. Restart, which measures the factory's training when a ride starts, is the other answer;
-    without either, the training wins."""
+    and finds it. Without it, the training wins."""
     def fights():
         return Trains(need=0.3, rate=0.05, fight=True)
 
     for seed in SEEDS:
-        s = search(fights(), without("restart"), 300, seed)
+        s = search(fights(), Adaptive(), 300, seed)
         r = s.run(300)
         assert r.status is SiteStatus.FOUND and s.frozen, seed
-    assert found_within(fights, lambda: without("freeze", "restart"), 300) == [None] * len(SEEDS)
+    assert found_within(fights, lambda: without("freeze"), 300) == [None] * len(SEEDS)
 
 
 def test_freeze_puts_todays_state_back_where_the_factorys_is_no_nearer():
@@ -397,25 +382,3 @@ def test_a_ride_keeps_the_randomness_its_point_was_measured_under_and_a_new_ride
     assert s.strategy_state["ride.rides"] == 2
     switches = sum(a != b for a, b in zip(seeds, seeds[1:]))
     assert len(set(seeds)) == 2 and switches == 1, "one randomness per ride, a new one for the second"
-
-
-@pytest.mark.parametrize("margin, put_back", [(-1.0, True), (1e30, False)])
-def test_a_restart_keeps_the_factorys_training_only_where_it_leaves_the_point_nearer_the_edge(margin, put_back):
-    """When a first ride starts, the restart's two steps run from the factory's state; when the margin they
-    leave is not below the point's under today's weights, today's state is put back exactly, else the ride
-    goes on from the factory's once-trained state."""
-    from dataclasses import replace
-
-    runner = Trains(need=1e6)
-    s = search(runner, without("ride"), 100)         # no ride of its own: the test starts one
-    s.run(16)
-    assert s.trained
-    runner.w = 5.0                                    # today's weights, far from the factory's
-    ctx = s.strategy._open(s)
-    s.cache["current"] = replace(s.cache["current"], hard=margin)
-    restart = next(t for t in ctx.tactics if t.name == "restart")
-    restart.on_ride_start(ctx, again=False)
-    s.strategy._close(ctx)
-    r = s.run(2)
-    assert labels(r) == ["restart", "restart"] and not s.strategy_state["restart.pending"]
-    assert bool(runner.w == 5.0) is put_back

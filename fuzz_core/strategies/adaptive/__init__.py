@@ -4,14 +4,14 @@ Each iteration, a tactic that holds the site takes its next step (a ride of the 
 escape walk, a pending re-measurement); otherwise the tactics propose points in turn (a quasi-Newton step,
 Polyak steps that land on the edge, interesting values) until one lowers the margin; a round in which none
 does is answered by the first tactic that reacts (freeze the training that fights the search, ride the
-training when the edge is out of the box's reach, refresh stuck samples, walk out of a local minimum).
+training when the edge is out of the box's reach, walk out of a local minimum).
 :class:`AdaptiveOptions` holds the settings a user may change; ``docs/adaptive-ablation.md`` measures what
 each tactic and setting earns over the repository's whole subject set.
 """
 from fuzz_core.strategies.adaptive.core import Adaptive, AdaptiveOptions, Context, Tactic
 from fuzz_core.strategies.adaptive.tactics import (
-    DEFAULT_TACTICS, Curvature, Escape, Exact, Freeze, Land, Refresh, Restart, Ride, Steer,
+    DEFAULT_TACTICS, Curvature, Escape, Exact, Freeze, Land, Ride, Steer,
 )
 
 __all__ = ["DEFAULT_TACTICS", "Adaptive", "AdaptiveOptions", "Context", "Curvature", "Escape", "Exact", "Freeze",
-           "Land", "Refresh", "Restart", "Ride", "Steer", "Tactic"]
+           "Land", "Ride", "Steer", "Tactic"]

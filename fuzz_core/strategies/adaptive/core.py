@@ -37,14 +37,13 @@ class AdaptiveOptions:
     """The settings of the adaptive strategy a user may change.
 
     ``refresh_fraction``: the share of the batch a refresh replaces with fresh samples (the least important
-    ones: how far each sample's suspect loss moved), the strategy's own after every third failed round and
-    the scheduler's when a site plateaus.
+    ones: how far each sample's suspect loss moved) when the scheduler sees a site's loss plateau.
 
     ``ride_patience``: steps a ride of the program's training goes on without measuring a margin below the
     lowest it measured before it gives up (the walk of the weights has gone astray)."""
 
     # metadata: the tactics that read a setting (an ablation of the setting changes only where they act)
-    refresh_fraction: float = field(default=0.25, metadata={"tactics": ("refresh",)})
+    refresh_fraction: float = field(default=0.25, metadata={"tactics": ()})     # the scheduler's, no tactic's
     ride_patience: int = field(default=200, metadata={"tactics": ("ride",)})
 
     def __post_init__(self) -> None:
@@ -133,7 +132,7 @@ class Tactic:
         """A proposal was accepted: the site moved from ``before`` (measured ``prev``) to ``ctx.s.values``."""
 
     def on_move(self, ctx: "Context", label: str) -> None:
-        """The site moved somewhere a round did not choose (a walk, a ride, a refresh, a restart)."""
+        """The site moved somewhere a round did not choose (a walk, a ride, a refresh, a freeze)."""
 
     def accepts_ties(self, label: str) -> bool:
         """This tactic's proposal ``label`` may be accepted on a margin no worse than the recent ones."""

@@ -208,25 +208,6 @@ class Exact(Tactic):
             yield f"exact:{kind}", x_new
 
 
-class Refresh(Tactic):
-    """A batch whose samples are stuck: every third failed round in a row (walks included), the least
-    important samples (how far each one's suspect loss moved since the last refresh; one near the edge is
-    important even when it stopped) give way to fresh ones from the program's sampler, ``refresh_fraction``
-    of the batch, and the point is measured anew under a new draw of the program's randomness."""
-
-    name = "refresh"
-
-    def on_failed_round(self, ctx: Context) -> bool:
-        if ctx.core.failed_rounds % 3:
-            return False
-        refresh_samples(ctx.s, self.options.refresh_fraction, ctx.cur.per_sample)
-        ctx.drop_point()
-        ctx.core.label = "refresh"
-        for t in ctx.tactics:
-            t.on_move(ctx, "refresh")
-        return True
-
-
 class Escape(Tactic):
     """A local minimum of the margin (a ReLU region, a ridge, a plateau) where every proposal of a round
     fails: twelve sign steps of 2.5% of the box, each taken whatever the margin does (GRIST's move), walk out
@@ -376,7 +357,7 @@ class Ride(Tactic):
     def step(self, ctx: Context) -> None:
         s, st = ctx.s, self.st
         if not st.active:
-            self._start(ctx, "crawl")       # the ride's steps come next (after a restart's, if any)
+            self._start(ctx, "crawl")       # the ride's steps come next
             return
         ev = ctx.evaluate(s.values, "ride", lookahead=ctx.has("steer"))
         note_reachability(s, ev)
@@ -488,46 +469,5 @@ class Steer(Tactic):
         return r
 
 
-class Restart(Tactic):
-    """Today's weights were trained on every batch the search tried, box corners and mutations included, which
-    no training would see. When a site's first ride starts in a program that has trained (inputs searched,
-    not weights) for 16 steps at least (fewer batches have barely moved the weights), the program's own first
-    training step from the factory's state on the search's point is measured (two steps: that training
-    step, and the margin it leaves), and the ride goes from there when that margin is below the point's
-    under today's weights; else today's state is put back."""
-
-    name = "restart"
-
-    @dataclass
-    class State:
-        pending: bool = False
-        margin: float = math.inf
-        passes: int = 0
-        saved: dict | None = None       # today's state (arrays), put back when the factory's is no nearer
-
-    def on_ride_start(self, ctx: Context, again: bool) -> None:
-        s, cur = ctx.s, ctx.cur
-        if again or not s.trained or s.config.search_weights or cur is None or not cur.seen or s.step < 16:
-            return
-        if not math.isfinite(cur.hard):
-            return
-        self.st = self.State(pending=True, margin=float(cur.hard), saved=s.runner.get_state())
-
-    def holds(self, ctx: Context) -> bool:
-        return self.st.pending
-
-    def step(self, ctx: Context) -> None:
-        s, st = ctx.s, self.st
-        if st.passes == 0:
-            s.runner.reset()                # again when a quantum ended before the evaluation: nothing trained since
-        ev = ctx.evaluate(s.values, "restart")
-        st.passes += 1
-        if st.passes < 2 and ev.seen:
-            return
-        if not (ev.seen and ev.hard < st.margin):
-            s.runner.set_state(st.saved)
-        self.st = self.State()
-
-
 # the strategy's list: the order is the order of the hooks (holds, proposals, reactions)
-DEFAULT_TACTICS: tuple[type[Tactic], ...] = (Restart, Freeze, Ride, Steer, Curvature, Land, Exact, Refresh, Escape)
+DEFAULT_TACTICS: tuple[type[Tactic], ...] = (Freeze, Ride, Steer, Curvature, Land, Exact, Escape)
