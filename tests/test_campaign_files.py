@@ -119,11 +119,6 @@ def expected_of(campaign: Campaign, name: str) -> set[tuple]:
     return {(b.op, b.line, b.column, b.phase) for b in campaign.expect.bugs if b.target == name}
 
 
-# A program whose outcome depends on the process it runs in, said in both files' comments: alone, or after
-# the aggregate's other programs in one process (TensorFlow's random state), its training takes another course.
-CONTEXT_DEPENDENT = {"campaigns/targets/tf_graph_scale_div_guarded.py:make_target"}
-
-
 def test_a_program_is_expected_to_give_the_same_bugs_in_every_campaign_that_runs_it():
     """The aggregates (all_torch, all_tf, quickstart) expect of each target what its own campaign does."""
     seen: dict[str, tuple[str, set]] = {}
@@ -132,7 +127,7 @@ def test_a_program_is_expected_to_give_the_same_bugs_in_every_campaign_that_runs
         campaign = campaign_of(stem)
         if campaign.expect is None:
             continue                   # test_every_campaign_file_states_its_outcome names it
-        for target in (t for t in campaign.targets if t.entry not in CONTEXT_DEPENDENT):
+        for target in campaign.targets:
             key, bugs = identity(campaign, target), expected_of(campaign, target.name)
             first = seen.setdefault(key, (stem, bugs))
             if first[1] != bugs:
