@@ -4,8 +4,8 @@ MLflow's import and its store's set-up take 2-3 s of CPU (``import mlflow`` alon
 driver's process they shared the interpreter lock with ``import torch`` and the targets' building,
 so a campaign's start paid their sum. :class:`RemoteSender` is the :class:`~orchestrator.observers.
 tracking_sender._Sender` the writer thread of :class:`~orchestrator.observers.tracking.Tracker` uses: each
-``apply`` (and ``ping``) is sent as one JSON line to a child process (``python -m
-orchestrator.observers.tracking_process URI``) that holds the real sender, and the thread waits for
+``apply`` (and ``ping``) is sent as one JSON line to a child process (this module's :func:`main`, given
+the URI) that holds the real sender, and the thread waits for
 its answer, as it waited for MLflow before. Everything else of the writer (its queue, the spool, going
 offline and back, a close that gives up on a call in flight) is unchanged. :func:`start` launches the
 child at the start of a run (beside Ray's start and the targets' building, on another core); the
@@ -36,7 +36,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-from orchestrator.observers.tracking_sender import Record, _is_transient, _make_client, _Permanent, _Sender
+from orchestrator.observers.tracking_sender import Record, _is_transient, _Permanent, _Sender
 
 __all__ = ["RemoteSender", "discard", "start"]
 
@@ -55,9 +55,15 @@ _CHILD = (f"import sys; sys.path.append({str(Path(__file__).resolve().parents[2]
           f"from {__name__} import main; main()")
 
 
-def _spawn(uri: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _CHILD, uri], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, encoding="utf-8", bufsize=1)
+def _spawn(uri: str) -> subprocess.Popen | None:
+    """A new child for ``uri``; None where none starts (the writer meets that as a transient failure, and
+    spools)."""
+    try:
+        return subprocess.Popen([sys.executable, "-c", _CHILD, uri], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, encoding="utf-8", bufsize=1)
+    except OSError as exc:
+        log.debug("tracking: could not start the MLflow process: %s", exc)
+        return None
 
 
 def start(uri: str) -> None:
@@ -65,10 +71,9 @@ def start(uri: str) -> None:
     run's tracker takes it over. A second call for the same URI keeps the first child."""
     with _STARTED_LOCK:
         if uri not in _STARTED or _STARTED[uri].poll() is not None:
-            try:
-                _STARTED[uri] = _spawn(uri)
-            except OSError as exc:           # the tracker meets it again and spools
-                log.debug("tracking: could not start the MLflow process: %s", exc)
+            proc = _spawn(uri)
+            if proc is not None:
+                _STARTED[uri] = proc
 
 
 def discard() -> None:
@@ -104,7 +109,7 @@ class RemoteSender(_Sender):
         super().__init__(uri)
         with _STARTED_LOCK:
             self._proc: subprocess.Popen | None = _STARTED.pop(uri, None)
-        self._told: int = 0          # run ids the child has been told (a new child is told all of them)
+        self._told = False          # whether this child was told the run ids (a new child is told all of them)
         if self._proc is None:
             self._proc = self._new_child()
 
@@ -113,13 +118,8 @@ class RemoteSender(_Sender):
         raise RuntimeError("RemoteSender has no MLflow client in this process")
 
     def _new_child(self) -> subprocess.Popen | None:
-        try:
-            proc = _spawn(self.uri)
-        except OSError as exc:
-            log.debug("tracking: could not start the MLflow process: %s", exc)
-            return None
-        self._told = 0
-        return proc
+        self._told = False
+        return _spawn(self.uri)
 
     def _call(self, message: dict[str, Any]) -> dict[str, Any]:
         proc = self._proc
@@ -144,9 +144,9 @@ class RemoteSender(_Sender):
 
     def _tell_run_ids(self) -> None:
         """A new child learns the run ids the last one mapped (its operations address those runs)."""
-        if self._told == 0 and self.run_ids:
+        if not self._told and self.run_ids:
             self._call({"op": "bind", "run_ids": [[s, k, r] for (s, k), r in self.run_ids.items()]})
-        self._told = 1
+        self._told = True
 
     def apply(self, rec: Record) -> None:
         self._tell_run_ids()
@@ -199,7 +199,7 @@ def serve(uri: str, requests: IO[str], answers: IO[str]) -> None:
     """Answer the requests of ``requests`` until its end (the child's loop)."""
     sender = _Recording(uri)
     try:
-        sender._client = _make_client(uri)      # MLflow's import and the store now, not at the first call
+        sender.client                   # noqa: B018 - MLflow's import and the store now, not at the first call
     except Exception as exc:  # noqa: BLE001 - the first call meets it again and answers with it
         log.debug("tracking: setting up %s: %s", uri, exc)
     for line in requests:

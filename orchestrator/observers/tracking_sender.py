@@ -130,18 +130,22 @@ def _create_sqlite(db: Path) -> None:
     its first seconds) left a store no later MLflow call could open ("table ... already exists"). The
     file is a copy of an empty store made once per MLflow version (:func:`_empty_store`: the migrations
     take 1-2 s, the copy milliseconds); where that cannot be kept, the migrations run here."""
-    db.parent.mkdir(parents=True, exist_ok=True)
-    tmp = db.with_name(f".{db.name}.{os.getpid()}.{time.monotonic_ns()}.init")
+    template = _empty_store()
+    _put_in_place(db, _migrate if template is None else (lambda tmp: shutil.copyfile(template, tmp)))
+
+
+def _put_in_place(path: Path, make: Callable[[Path], object]) -> None:
+    """``make`` the file in a new file beside ``path`` and rename it into place, unless another process put
+    one there first (either is the same): a process stopped midway leaves no half-made file at ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.init")
     try:
-        template = _empty_store()
-        if template is not None:
-            shutil.copyfile(template, tmp)
-        else:
-            _migrate(tmp)
-        if not db.exists():
-            os.replace(tmp, db)
+        make(tmp)
+        if not path.exists():
+            os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def _migrate(db: Path) -> None:
@@ -169,19 +173,12 @@ def _empty_store() -> Path | None:
     path = cache_dir() / f"mlflow-{mlflow.__version__}-{_get_latest_schema_revision()}.db"
     if path.is_file():
         return path
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.init")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _migrate(tmp)
-        if not path.exists():           # another process may have made it meanwhile: either is the same
-            os.replace(tmp, path)
+        _put_in_place(path, _migrate)
         return path
     except OSError as exc:
         log.debug("tracking: no empty MLflow store in %s (%s): each new store is migrated", path.parent, exc)
         return None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
 
 
 def _artifact_location(uri: str, experiment: str) -> str | None:
