@@ -595,11 +595,12 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
                "seconds"], rows), ""]
     full = "adaptive"
     ablated = [a for a in arms if a.startswith("adaptive-no:") or a.startswith("adaptive:")]
+    got = {arm: outcomes(arm, subs, seeds) for arm in arms}          # each arm's record, read once
     if full in stats and ablated:
         vrows = []
         for arm in ablated:
             # on the subjects both arms were run on at every seed: a result not run is no miss of the tactic's
-            both = [s for s in subs if all(r is not None for a in (full, arm) for r in outcomes(a, [s], seeds).values())]
+            both = [s for s in subs if all(got[a][(s.key, seed)] is not None for a in (full, arm) for seed in seeds)]
             f_st, a_st = (per_seed(a, both, seeds, budget_of) for a in (full, arm))
             keep_, why = verdict(f_st, a_st)
             vrows.append([f"`{arm}`", f"{len(both)}", _fmt(f_st["found"]), _fmt(a_st["found"]),
@@ -615,8 +616,7 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
     for s in subs:
         cells = []
         for arm in arms:
-            o = outcomes(arm, [s], seeds)
-            vals = [o[(s.key, seed)] for seed in seeds]
+            vals = [got[arm][(s.key, seed)] for seed in seeds]
             cells.append(" ".join("?" if v is None else str(v["steps"]) if v.get("found") else "-" for v in vals))
         detail.append([s.key, split(s.name), "yes" if s.key in hard else "", *cells])
     text += ["<details><summary>Per subject: steps at each seed (`-`: a miss)</summary>\n",
