@@ -670,12 +670,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.chdir(ROOT)
     subs = [s for s in pick(subjects(), args.subjects) if args.set is None or split(s.name) == args.set]
-    for arm in args.arms:
-        try:
-            make_arm(arm)
-        except (ValueError, ImportError, AttributeError, TypeError) as exc:
-            ap.error(f"--arms: {exc}")
     if not args.report_only:
+        for arm in args.arms:         # an arm to run; a report reads arms of the record's engines too
+            try:
+                make_arm(arm)
+            except (ValueError, ImportError, AttributeError, TypeError) as exc:
+                ap.error(f"--arms: {exc}")
         t0 = time.time()
         results = run(subs, args.arms, args.seeds, args.jobs, args.rerun)
         print(f"done in {time.time() - t0:.0f} s", flush=True)
