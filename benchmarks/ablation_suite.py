@@ -34,7 +34,8 @@ results in ``benchmarks/ablation/record/<arm>.json`` (committed), from which the
 
 **Report**: per arm, bugs found (tuning set, check set, all), median steps (all subjects; random-hard ones),
 each per seed, and search seconds; per tactic of ``adaptive``, the arm without it against the full arm, and
-whether it earns its place (:func:`verdict`). The tuning and check sets are fixed by :func:`split` (a hash of
+whether it earns its place (:func:`verdict`); per engine (an arm that is no variant), against ``today``
+when the report shows it (:func:`against_baseline`). The tuning and check sets are fixed by :func:`split` (a hash of
 the bug's or program's name), written before any tuning. Writes ``docs/adaptive-ablation.md`` and the section
 ``ablation_suite`` of ``benchmarks/RESULTS.md``.
 """
@@ -66,6 +67,7 @@ SEEDS = (0, 1, 2, 3, 4)
 RANDOM_HARD_STEPS = 100         # random does not trigger the subject within this many steps: random-hard
 SPLIT_SALT = "issue-56"         # the tuning / check split (split()); fixed before any tuning
 ARM_TIMEOUT_S = 2400            # seconds per arm in a child process
+BASELINE = "today"              # the record's arm of the strategy before issue 56's redesign (755b291)
 
 
 # ----------------------------------------------------------------------------- subjects
@@ -554,6 +556,30 @@ def verdict(full: dict[str, list], without: dict[str, list]) -> tuple[bool, str]
     return bool(reasons), "; ".join(reasons) or "within the spread"
 
 
+def against_baseline(base: dict[str, list], other: dict[str, list]) -> str:
+    """Is an engine no worse than the strategy before the redesign (``BASELINE``)? "No worse": as many
+    (bug, seed) finds or more, and the mean over the seeds of each median (all subjects, random-hard ones) no
+    higher; "worse, within the spread": fewer finds or a higher median, by no more than the baseline's own
+    seed-to-seed range (as :func:`verdict` reads a tactic); "worse" beyond it."""
+    worse, beyond = [], False
+    lost = sum(base["found"]) - sum(other["found"])
+    if lost > 0:
+        spread = max(base["found"]) - min(base["found"])
+        beyond |= lost > spread
+        worse.append(f"{lost} (bug, seed) finds fewer (spread {spread})")
+    for key, what in (("median", "median"), ("median_hard", "random-hard median")):
+        if None in base[key] or None in other[key]:
+            continue
+        d = statistics.mean(other[key]) - statistics.mean(base[key])
+        if d > 0:
+            spread_m = max(base[key]) - min(base[key])
+            beyond |= d > spread_m
+            worse.append(f"{what} +{d:g} steps (spread {spread_m:g})")
+    if not worse:
+        return "**no worse**"
+    return ("**worse**: " if beyond else "worse, within the spread: ") + "; ".join(worse)
+
+
 def _fmt(xs: list, digits: int = 0) -> str:
     if any(x is None for x in xs):
         return "-"
@@ -612,6 +638,21 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
                  .strip().replace("\n   ", "").replace("  ", " ") + "\n",
                  table(["arm", "subjects", "found with", "found without", "random-hard median with", "without",
                         "median with", "without", "verdict"], vrows), ""]
+    if BASELINE in stats:
+        crows = []
+        for arm in [a for a in arms if a != BASELINE and tactics_of(a) is None]:
+            both = [s for s in subs if all(got[a][(s.key, seed)] is not None for a in (arm, BASELINE)
+                                           for seed in seeds)]
+            b_st, a_st = (per_seed(a, both, seeds, budget_of) for a in (BASELINE, arm))
+            crows.append([f"`{arm}`", f"{len(both)}", _fmt(b_st["found"]), _fmt(a_st["found"]),
+                          _fmt(b_st["median_hard"]), _fmt(a_st["median_hard"]), _fmt(b_st["median"]),
+                          _fmt(a_st["median"]), against_baseline(b_st, a_st)])
+        if crows:
+            text += [f"Each engine against `{BASELINE}`, on the subjects both were run on at every seed (`subjects`): "
+                     + against_baseline.__doc__.split("?", 1)[1].strip().replace("\n   ", "").replace("  ", " ")
+                     + "\n",
+                     table(["arm", "subjects", f"found: `{BASELINE}`", "found", f"random-hard median: `{BASELINE}`",
+                            "random-hard median", f"median: `{BASELINE}`", "median", "verdict"], crows), ""]
     detail = []
     for s in subs:
         cells = []

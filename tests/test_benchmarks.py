@@ -233,3 +233,33 @@ def test_precision_runs_on_one_subject():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| mp_attn_softmax | found | forward |" in proc.stdout, proc.stdout[-2000:]
     assert "Guarded twins clean: **1/1**" in proc.stdout, proc.stdout[-2000:]
+
+
+def _per_seed(found: list[int], median: list[float], hard: list[float]) -> dict[str, list]:
+    return {"found": found, "median": median, "median_hard": hard}
+
+
+def test_ablation_verdict_keeps_a_tactic_only_beyond_the_full_arms_spread():
+    """A tactic earns its place when removing it loses more finds than the full arm's range over the seeds,
+    or raises a mean median by more than that median's range; within the spread it does not."""
+    from benchmarks.ablation_suite import verdict
+
+    full = _per_seed([50, 50, 49], [6.5, 6.5, 6.5], [9, 15, 11])
+    assert verdict(full, _per_seed([50, 49, 49], [6.5, 6.5, 6.5], [9, 15, 11])) == (False, "within the spread")
+    keep, why = verdict(full, _per_seed([49, 49, 47], [6.5, 6.5, 6.5], [15, 20, 19]))
+    assert keep and why == "4 (bug, seed) finds lost > spread 1; random-hard median +6.33333 steps > spread 6"
+    keep, why = verdict(full, _per_seed([50, 50, 49], [7, 7, 7], [9, 15, 11]))
+    assert keep and why == "median +0.5 steps > spread 0"
+
+
+def test_ablation_against_today_tells_no_worse_from_worse_within_and_beyond_the_spread():
+    """An engine against the strategy before the redesign: no worse only with as many finds and no higher
+    medians; fewer finds or higher medians are 'worse', qualified by the baseline's own spread."""
+    from benchmarks.ablation_suite import against_baseline
+
+    today = _per_seed([48, 50, 49], [7, 7, 8], [20, 30, 25])
+    assert against_baseline(today, _per_seed([49, 50, 49], [7, 7, 7], [20, 22, 25])) == "**no worse**"
+    assert against_baseline(today, _per_seed([48, 50, 48], [7, 7, 8], [20, 30, 25])) == \
+        "worse, within the spread: 1 (bug, seed) finds fewer (spread 2)"
+    assert against_baseline(today, _per_seed([46, 48, 49], [7, 7, 8], [40, 50, 45])) == \
+        "**worse**: 4 (bug, seed) finds fewer (spread 2); random-hard median +20 steps (spread 10)"
