@@ -588,18 +588,36 @@ def _fmt(xs: list, digits: int = 0) -> str:
     return f"{text} ({', '.join(f'{x:g}' for x in xs)})"
 
 
+def ran(got: dict[tuple[str, int], dict], subs: list[Subject], seeds: list[int]) -> list[int]:
+    """The seeds an arm was run at, on any of ``subs`` (``got``: its :func:`outcomes`)."""
+    return [seed for seed in seeds if any(got[(s.key, seed)] is not None for s in subs)]
+
+
+def paired(got: dict[str, dict], a: str, b: str, subs: list[Subject],
+           seeds: list[int]) -> tuple[list[Subject], list[int]]:
+    """The seeds both arms were run at, and the subjects both were run on at every one of them: what two
+    arms are compared on (a result not run is no miss of either)."""
+    common = [seed for seed in ran(got[a], subs, seeds) if seed in ran(got[b], subs, seeds)]
+    both = [s for s in subs if all(got[x][(s.key, seed)] is not None for x in (a, b) for seed in common)]
+    return both, common
+
+
 def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
     from benchmarks._results import table
 
     budget_of = {s.key: s.budget for s in subs}
     hard = random_hard(subs)
     tuning = [s for s in subs if split(s.name) == "tuning"]
-    stats = {arm: per_seed(arm, subs, seeds, budget_of) for arm in arms}
+    got = {arm: outcomes(arm, subs, seeds) for arm in arms}          # each arm's record, read once
     rows = []
     for arm in arms:
-        st = stats[arm]
-        rows.append([f"`{arm}`", _fmt(st["tuning"]), _fmt(st["check"]), _fmt(st["found"]), _fmt(st["median"]),
-                     _fmt(st["median_hard"]), f"{sum(st['seconds']):.0f}"
+        at = ran(got[arm], subs, seeds)
+        if not at:
+            rows.append([f"`{arm}`", "-", "-", "-", "-", "-", "-", "not run"])
+            continue
+        st = per_seed(arm, subs, at, budget_of)
+        rows.append([f"`{arm}`", ", ".join(map(str, at)), _fmt(st["tuning"]), _fmt(st["check"]), _fmt(st["found"]),
+                     _fmt(st["median"]), _fmt(st["median_hard"]), f"{sum(st['seconds']):.0f}"
                      + (f" ({sum(st['missing'])} missing)" if sum(st["missing"]) else "")])
     n_hard_t = sum(1 for s in tuning if s.key in hard)
     text = [
@@ -607,52 +625,57 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
         f"{len(subs)} subjects{_which(subs)}: {sum(s.kind == 'grist' for s in subs)} of GRIST's bugs (ID_28a-d "
         f"once in each setting, GRIST's and weights free), {sum(s.kind == 'targets' for s in subs)} buggy "
         f"programs of `campaigns/targets` and {sum(s.kind == 'precision' for s in subs)} mixed-precision ones; "
-        f"seeds {', '.join(map(str, seeds))} "
-        f"(the search seed; every program built with seed 0); budget {MAX_STEPS} steps per site (ID_17: 100); "
+        f"seeds {', '.join(map(str, seeds))} (the search seed; every program built with seed 0), each arm at "
+        f"those it was run at (`seeds`); budget {MAX_STEPS} steps per site (ID_17: 100); "
         "a miss counts as the budget. Tuning set "
         f"{len(tuning)} subjects ({n_hard_t} random-hard), check set {len(subs) - len(tuning)} "
         f"({len(hard) - n_hard_t} random-hard), split by a hash of the name before any tuning. Random-hard: "
         f"`random` (seed 0) does not find it within {RANDOM_HARD_STEPS} steps: {len(hard)} subjects; a subject "
         "random inputs trigger in a few steps tests nothing, so their median is given apart. A cell: the mean "
-        "over the seeds (each seed's value). Seconds: every search and confirmation of the arm, all seeds, "
-        "one thread each, on this shared machine. An arm not run on every subject says how many (subject, "
-        "seed) results it lacks beside its seconds; they count as misses in this table only.\n",
-        table(["arm", "found: tuning", "found: check", "found: all", "median steps", "median steps, random-hard",
-               "seconds"], rows), ""]
+        "over the arm's seeds (each seed's value). Seconds: every search and confirmation of the arm, all its "
+        "seeds, one thread each, on this shared machine. An arm not run on every subject at its seeds says how "
+        "many (subject, seed) results it lacks beside its seconds; they count as misses in this table only.\n",
+        table(["arm", "seeds", "found: tuning", "found: check", "found: all", "median steps",
+               "median steps, random-hard", "seconds"], rows), ""]
     full = "adaptive"
     ablated = [a for a in arms if a.startswith("adaptive-no:") or a.startswith("adaptive:")]
-    got = {arm: outcomes(arm, subs, seeds) for arm in arms}          # each arm's record, read once
-    if full in stats and ablated:
+    if full in got and ablated:
         vrows = []
         for arm in ablated:
-            # on the subjects both arms were run on at every seed: a result not run is no miss of the tactic's
-            both = [s for s in subs if all(got[a][(s.key, seed)] is not None for a in (full, arm) for seed in seeds)]
-            f_st, a_st = (per_seed(a, both, seeds, budget_of) for a in (full, arm))
+            both, at = paired(got, full, arm, subs, seeds)
+            if not both:
+                continue
+            f_st, a_st = (per_seed(a, both, at, budget_of) for a in (full, arm))
             keep_, why = verdict(f_st, a_st)
-            vrows.append([f"`{arm}`", f"{len(both)}", _fmt(f_st["found"]), _fmt(a_st["found"]),
-                          _fmt(f_st["median_hard"]), _fmt(a_st["median_hard"]),
+            vrows.append([f"`{arm}`", ", ".join(map(str, at)), f"{len(both)}", _fmt(f_st["found"]),
+                          _fmt(a_st["found"]), _fmt(f_st["median_hard"]), _fmt(a_st["median_hard"]),
                           _fmt(f_st["median"]), _fmt(a_st["median"]),
                           ("**earns its place**: " if keep_ else "does not earn its place: ") + why])
-        text += ["Each tactic and setting against the full arm (`adaptive`), on the subjects both were run on at "
-                 "every seed (`subjects`): " + verdict.__doc__.split("?", 1)[1]
+        text += ["Each tactic and setting against the full arm (`adaptive`), at the seeds both were run at "
+                 "(`seeds`), on the subjects both were run on at each (`subjects`): " + verdict.__doc__.split("?", 1)[1]
                  .strip().replace("\n   ", "").replace("  ", " ") + "\n",
-                 table(["arm", "subjects", "found with", "found without", "random-hard median with", "without",
-                        "median with", "without", "verdict"], vrows), ""]
-    if BASELINE in stats:
+                 table(["arm", "seeds", "subjects", "found with", "found without", "random-hard median with",
+                        "without", "median with", "without", "verdict"], vrows), ""]
+    if BASELINE in got:
         crows = []
+        parts = [(name, [s for s in subs if split(s.name) == name]) for name in ("tuning", "check")]
         for arm in [a for a in arms if a != BASELINE and tactics_of(a) is None]:
-            both = [s for s in subs if all(got[a][(s.key, seed)] is not None for a in (arm, BASELINE)
-                                           for seed in seeds)]
-            b_st, a_st = (per_seed(a, both, seeds, budget_of) for a in (BASELINE, arm))
-            crows.append([f"`{arm}`", f"{len(both)}", _fmt(b_st["found"]), _fmt(a_st["found"]),
-                          _fmt(b_st["median_hard"]), _fmt(a_st["median_hard"]), _fmt(b_st["median"]),
-                          _fmt(a_st["median"]), against_baseline(b_st, a_st)])
+            for name, part in parts + ([("all", subs)] if all(p for _, p in parts) else []):
+                both, at = paired(got, BASELINE, arm, part, seeds)
+                if not both:
+                    continue
+                b_st, a_st = (per_seed(a, both, at, budget_of) for a in (BASELINE, arm))
+                crows.append([f"`{arm}`", name, ", ".join(map(str, at)), f"{len(both)}", _fmt(b_st["found"]),
+                              _fmt(a_st["found"]), _fmt(b_st["median_hard"]), _fmt(a_st["median_hard"]),
+                              _fmt(b_st["median"]), _fmt(a_st["median"]), against_baseline(b_st, a_st)])
         if crows:
-            text += [f"Each engine against `{BASELINE}`, on the subjects both were run on at every seed (`subjects`): "
+            text += [f"Each engine against `{BASELINE}`, per set and over both, at the seeds both were run at "
+                     "(`seeds`), on the subjects both were run on at each (`subjects`): "
                      + against_baseline.__doc__.split("?", 1)[1].strip().replace("\n   ", "").replace("  ", " ")
                      + "\n",
-                     table(["arm", "subjects", f"found: `{BASELINE}`", "found", f"random-hard median: `{BASELINE}`",
-                            "random-hard median", f"median: `{BASELINE}`", "median", "verdict"], crows), ""]
+                     table(["arm", "set", "seeds", "subjects", f"found: `{BASELINE}`", "found",
+                            f"random-hard median: `{BASELINE}`", "random-hard median", f"median: `{BASELINE}`",
+                            "median", "verdict"], crows), ""]
     detail = []
     for s in subs:
         cells = []
@@ -660,7 +683,8 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
             vals = [got[arm][(s.key, seed)] for seed in seeds]
             cells.append(" ".join("?" if v is None else str(v["steps"]) if v.get("found") else "-" for v in vals))
         detail.append([s.key, split(s.name), "yes" if s.key in hard else "", *cells])
-    text += ["<details><summary>Per subject: steps at each seed (`-`: a miss)</summary>\n",
+    text += [f"<details><summary>Per subject: steps at seeds {', '.join(map(str, seeds))} (`-`: a miss; `?`: not "
+             "run)</summary>\n",
              table(["subject", "set", "random-hard", *[f"`{a}`" for a in arms]], detail), "\n</details>\n"]
     return "\n".join(text)
 

@@ -263,3 +263,18 @@ def test_ablation_against_today_tells_no_worse_from_worse_within_and_beyond_the_
         "worse, within the spread: 1 (bug, seed) finds fewer (spread 2)"
     assert against_baseline(today, _per_seed([46, 48, 49], [7, 7, 8], [40, 50, 45])) == \
         "**worse**: 4 (bug, seed) finds fewer (spread 2); random-hard median +20 steps (spread 10)"
+
+
+def test_ablation_report_pairs_two_arms_on_the_seeds_and_subjects_both_ran():
+    """Arms of different coverage are compared where both ran: a seed one arm never ran is left out, and
+    so is a subject one of them lacks at a common seed; nothing not run counts as a miss."""
+    from benchmarks.ablation_suite import Subject, paired, ran
+
+    subs = [Subject(key=k, name=k, kind="targets", framework="torch", entry="x.py:f") for k in ("a", "b", "c")]
+    hit = {"found": True, "steps": 3}
+    got = {"full": {(k, seed): hit for k in "abc" for seed in range(5)},
+           "part": {(k, seed): (hit if seed < 3 and (k, seed) != ("c", 1) else None) for k in "abc"
+                    for seed in range(5)}}
+    assert ran(got["part"], subs, list(range(5))) == [0, 1, 2]
+    both, seeds = paired(got, "full", "part", subs, list(range(5)))
+    assert seeds == [0, 1, 2] and [s.key for s in both] == ["a", "b"]
