@@ -90,8 +90,6 @@ def test_the_state_checkpoints_as_plain_values_and_arrays():
 
 
 def test_options_are_checked_and_a_tactic_list_has_no_repeats():
-    with pytest.raises(ValueError, match="refresh_fraction"):
-        AdaptiveOptions(refresh_fraction=0.0)
     with pytest.raises(ValueError, match="ride_patience"):
         AdaptiveOptions(ride_patience=0)
     with pytest.raises(ValueError, match="twice"):
@@ -215,13 +213,15 @@ def test_sign_steps_are_a_fraction_of_the_box_and_clipped():
 
 def test_the_schedulers_refresh_replaces_refresh_fraction_of_the_batch_and_measures_the_point_anew():
     """The strategy has no refresh of its own (its ablation: no result changed on the check set); the
-    scheduler's refresh of a plateaued site replaces ``refresh_fraction`` of the rows, the least important."""
-    s = search(Flat("div", np.linspace(-1, 1, 8)), Adaptive(options=AdaptiveOptions(refresh_fraction=0.5)), 200)
+    scheduler's refresh of a plateaued site replaces a quarter of the rows (every strategy's
+    ``refresh_fraction``), the least important."""
+    assert Adaptive().refresh_fraction == 0.25
+    s = search(Flat("div", np.linspace(-1, 1, 8)), Adaptive(), 200)
     s.run(5)
     before = s.values["x"].copy()
     r = s.run(1, refresh=True)
     assert r.trace and r.trace[0].event == "refresh"          # the refreshed point's first measurement
-    assert int((s.values["x"] != before).any(axis=1).sum()) == 2        # half of the 4 rows
+    assert int((s.values["x"] != before).any(axis=1).sum()) == 1        # a quarter of the 4 rows
     assert "refresh" not in {t.name for t in DEFAULT_TACTICS}
 
 

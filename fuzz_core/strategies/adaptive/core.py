@@ -36,19 +36,13 @@ if TYPE_CHECKING:
 class AdaptiveOptions:
     """The settings of the adaptive strategy a user may change.
 
-    ``refresh_fraction``: the share of the batch a refresh replaces with fresh samples (the least important
-    ones: how far each sample's suspect loss moved) when the scheduler sees a site's loss plateau.
-
     ``ride_patience``: steps a ride of the program's training goes on without measuring a margin below the
     lowest it measured before it gives up (the walk of the weights has gone astray)."""
 
     # metadata: the tactics that read a setting (an ablation of the setting changes only where they act)
-    refresh_fraction: float = field(default=0.25, metadata={"tactics": ()})     # the scheduler's, no tactic's
     ride_patience: int = field(default=200, metadata={"tactics": ("ride",)})
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.refresh_fraction <= 1.0:
-            raise ValueError(f"refresh_fraction must be in (0, 1], got {self.refresh_fraction!r}")
         if self.ride_patience < 1:
             raise ValueError(f"ride_patience must be >= 1, got {self.ride_patience!r}")
 
@@ -229,7 +223,6 @@ class Adaptive(Strategy):
         names = [t.name for t in self.tactic_types]
         if len(set(names)) != len(names):
             raise ValueError(f"a tactic appears twice in {names}")
-        self.refresh_fraction = self.options.refresh_fraction
 
     # -- state ------------------------------------------------------------------------------
     def _open(self, s: "SiteSearch") -> Context:
