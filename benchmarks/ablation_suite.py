@@ -67,6 +67,7 @@ SEEDS = (0, 1, 2, 3, 4)
 RANDOM_HARD_STEPS = 100         # random does not trigger the subject within this many steps: random-hard
 SPLIT_SALT = "issue-56"         # the tuning / check split (split()); fixed before any tuning
 ARM_TIMEOUT_S = 2400            # seconds per arm in a child process
+CODE_CHANGED = "the code changed since this run was planned"
 BASELINE = "today"              # the record's arm of the strategy before issue 56's redesign (755b291)
 
 
@@ -265,7 +266,7 @@ def worker(task: dict[str, Any]) -> None:
     for arm, versions in task["versions"].items():
         changed = [s.key for s in subs if code_version(s, arm) != versions[s.key]]
         if changed:      # the sources changed since the run was planned: its results would be misnamed
-            raise SystemExit(f"the code changed since this run was planned ({arm}: {', '.join(changed)}): run again")
+            raise SystemExit(f"{CODE_CHANGED} ({arm}: {', '.join(changed)}): run again")
     first = subs[0]
     if first.framework == "torch":
         import torch
@@ -391,6 +392,8 @@ def run_task(task: dict, timeout: float) -> dict[tuple, dict]:
     t0 = time.time()
     _, failure = json_child([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(task)],
                             timeout * len(task["runs"]))
+    if failure and CODE_CHANGED in failure:     # no result of the engine: nothing to record as a miss
+        raise SystemExit(f"ablation_suite.py: {failure}")
     out: dict[tuple, dict] = {}
     for arm, seed, path in task["runs"]:
         p = Path(path)

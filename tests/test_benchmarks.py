@@ -278,3 +278,17 @@ def test_ablation_report_pairs_two_arms_on_the_seeds_and_subjects_both_ran():
     assert ran(got["part"], subs, list(range(5))) == [0, 1, 2]
     both, seeds = paired(got, "full", "part", subs, list(range(5)))
     assert seeds == [0, 1, 2] and [s.key for s in both] == ["a", "b"]
+
+
+def test_ablation_stops_when_the_code_changed_under_a_run_instead_of_recording_misses(tmp_path: Path):
+    """A child that finds the sources changed since its run was planned measured nothing: the run stops
+    with that message; its subjects are not kept as misses of the engine."""
+    from benchmarks.ablation_suite import CODE_CHANGED, _plain, run_task, subjects
+
+    subject = next(s for s in subjects() if s.key == "ID_4")
+    task = {"build": subject.build, "runs": [("adaptive", 0, str(tmp_path / "out.json"))],
+            "subjects": [_plain(subject)], "versions": {"adaptive": {subject.key: "not-this-code"}},
+            "order": {subject.key: []}}
+    with pytest.raises(SystemExit, match=CODE_CHANGED):
+        run_task(task, timeout=120)
+    assert not (tmp_path / "out.json").exists()
