@@ -663,10 +663,17 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
         crows = []
         parts = [(name, [s for s in subs if split(s.name) == name]) for name in ("tuning", "check")]
         for arm in [a for a in arms if a != BASELINE and tactics_of(a) is None]:
-            for name, part in parts + ([("all", subs)] if all(p for _, p in parts) else []):
-                both, at = paired(got, BASELINE, arm, part, seeds)
-                if not both:
+            at_set: dict[str, list[int]] = {}
+            for name, part in parts + [("all", subs)]:
+                if name == "all":     # both sets, at the seeds both were compared at: the whole suite
+                    if len(at_set) < 2:
+                        continue
+                    both, at = paired(got, BASELINE, arm, part, [x for x in at_set["tuning"] if x in at_set["check"]])
+                else:
+                    both, at = paired(got, BASELINE, arm, part, seeds)
+                if not both or not at:
                     continue
+                at_set[name] = at
                 b_st, a_st = (per_seed(a, both, at, budget_of) for a in (BASELINE, arm))
                 crows.append([f"`{arm}`", name, ", ".join(map(str, at)), f"{len(both)}", _fmt(b_st["found"]),
                               _fmt(a_st["found"]), _fmt(b_st["median_hard"]), _fmt(a_st["median_hard"]),
