@@ -563,7 +563,8 @@ def against_baseline(base: dict[str, list], other: dict[str, list]) -> str:
     """Is an engine no worse than the strategy before the redesign (``BASELINE``)? "No worse": as many
     (bug, seed) finds or more, and the mean over the seeds of each median (all subjects, random-hard ones) no
     higher; "worse, within the spread": fewer finds or a higher median, by no more than the baseline's own
-    seed-to-seed range (as :func:`verdict` reads a tactic); "worse" beyond it."""
+    seed-to-seed range (as :func:`verdict` reads a tactic); "worse" beyond it; at one seed, only "worse at
+    its one seed"."""
     worse, beyond = [], False
     lost = sum(base["found"]) - sum(other["found"])
     if lost > 0:
@@ -580,6 +581,8 @@ def against_baseline(base: dict[str, list], other: dict[str, list]) -> str:
             worse.append(f"{what} +{d:g} steps (spread {spread_m:g})")
     if not worse:
         return "**no worse**"
+    if len(base["found"]) < 2:
+        return "worse at its one seed (no spread to tell chance from cost): " + "; ".join(worse)
     return ("**worse**: " if beyond else "worse, within the spread: ") + "; ".join(worse)
 
 

@@ -263,6 +263,10 @@ def test_ablation_against_today_tells_no_worse_from_worse_within_and_beyond_the_
         "worse, within the spread: 1 (bug, seed) finds fewer (spread 2)"
     assert against_baseline(today, _per_seed([46, 48, 49], [7, 7, 8], [40, 50, 45])) == \
         "**worse**: 4 (bug, seed) finds fewer (spread 2); random-hard median +20 steps (spread 10)"
+    one = _per_seed([53], [7], [35])
+    assert against_baseline(one, _per_seed([52], [7], [41])) == \
+        "worse at its one seed (no spread to tell chance from cost): 1 (bug, seed) finds fewer (spread 0); " \
+        "random-hard median +6 steps (spread 0)"
 
 
 def test_ablation_report_pairs_two_arms_on_the_seeds_and_subjects_both_ran():
