@@ -615,16 +615,17 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
     hard = random_hard(subs)
     tuning = [s for s in subs if split(s.name) == "tuning"]
     got = {arm: outcomes(arm, subs, seeds) for arm in arms}          # each arm's record, read once
+    parts = [(name, [s for s in subs if split(s.name) == name]) for name in ("tuning", "check")]
     rows = []
     for arm in arms:
-        at = ran(got[arm], subs, seeds)
-        if not at:
-            rows.append([f"`{arm}`", "-", "-", "-", "-", "-", "-", "not run"])
-            continue
-        st = per_seed(arm, subs, at, budget_of)
-        rows.append([f"`{arm}`", ", ".join(map(str, at)), _fmt(st["tuning"]), _fmt(st["check"]), _fmt(st["found"]),
-                     _fmt(st["median"]), _fmt(st["median_hard"]), f"{sum(st['seconds']):.0f}"
-                     + (f" ({sum(st['missing'])} missing)" if sum(st["missing"]) else "")])
+        for name, part in parts:      # per set: the seeds the arm was run at there, the subjects it ran at each
+            at = ran(got[arm], part, seeds)
+            ran_on = [s for s in part if all(got[arm][(s.key, seed)] is not None for seed in at)]
+            if not at or not ran_on:
+                continue
+            st = per_seed(arm, ran_on, at, budget_of)
+            rows.append([f"`{arm}`", name, ", ".join(map(str, at)), f"{len(ran_on)} of {len(part)}",
+                         _fmt(st["found"]), _fmt(st["median"]), _fmt(st["median_hard"]), f"{sum(st['seconds']):.0f}"])
     n_hard_t = sum(1 for s in tuning if s.key in hard)
     text = [
         "## The adaptive strategy's arms, side by side (issue 56)\n",
@@ -638,11 +639,11 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
         f"({len(hard) - n_hard_t} random-hard), split by a hash of the name before any tuning. Random-hard: "
         f"`random` (seed 0) does not find it within {RANDOM_HARD_STEPS} steps: {len(hard)} subjects; a subject "
         "random inputs trigger in a few steps tests nothing, so their median is given apart. A cell: the mean "
-        "over the arm's seeds (each seed's value). Seconds: every search and confirmation of the arm, all its "
-        "seeds, one thread each, on this shared machine. An arm not run on every subject at its seeds says how "
-        "many (subject, seed) results it lacks beside its seconds; they count as misses in this table only.\n",
-        table(["arm", "seeds", "found: tuning", "found: check", "found: all", "median steps",
-               "median steps, random-hard", "seconds"], rows), ""]
+        "over the arm's seeds (each seed's value). Each arm per set, at the seeds it was run at there "
+        "(`seeds`), on the subjects it was run on at each of them (`subjects`). Seconds: every search and "
+        "confirmation of the arm on those, all its seeds, one thread each, on this shared machine.\n",
+        table(["arm", "set", "seeds", "subjects", "found", "median steps", "median steps, random-hard",
+               "seconds"], rows), ""]
     full = "adaptive"
     ablated = [a for a in arms if a.startswith("adaptive-no:") or a.startswith("adaptive:")]
     if full in got and ablated:
@@ -664,7 +665,6 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
                         "without", "median with", "without", "verdict"], vrows), ""]
     if BASELINE in got:
         crows = []
-        parts = [(name, [s for s in subs if split(s.name) == name]) for name in ("tuning", "check")]
         for arm in [a for a in arms if a != BASELINE and tactics_of(a) is None]:
             at_set: dict[str, list[int]] = {}
             for name, part in parts + [("all", subs)]:
