@@ -32,11 +32,13 @@ steps found so far: its figure (the fewest steps of any site that finds it) is t
 cached per (build, seed, arm, code version) in ``benchmarks/ablation/.cache/``; each run keeps its arms'
 results in ``benchmarks/ablation/record/<arm>.json`` (committed), from which the report is built.
 
-**Report**: per arm, bugs found (tuning set, check set, all), median steps (all subjects; random-hard ones),
-each per seed, and search seconds; per tactic of ``adaptive``, the arm without it against the full arm, and
+**Report**: per arm and set (tuning, check), bugs found, median steps (all subjects; random-hard ones), each
+per seed, and search seconds; per tactic of ``adaptive``, the arm without it against the full arm, and
 whether it earns its place (:func:`verdict`); per engine (an arm that is no variant), against ``today``
-when the report shows it (:func:`against_baseline`). The tuning and check sets are fixed by :func:`split` (a hash of
-the bug's or program's name), written before any tuning. Writes ``docs/adaptive-ablation.md`` and the section
+per set and over both, when the report shows it (:func:`against_baseline`). Every figure is taken at the
+seeds an arm (or both arms of a comparison) was run at and on the subjects run at each (:func:`paired`).
+The tuning and check sets are fixed by :func:`split` (a hash of the bug's or program's name), written
+before any tuning. Writes ``docs/adaptive-ablation.md`` and the section
 ``ablation_suite`` of ``benchmarks/RESULTS.md``.
 """
 from __future__ import annotations
