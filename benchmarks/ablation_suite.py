@@ -70,6 +70,9 @@ RANDOM_HARD_STEPS = 100         # random does not trigger the subject within thi
 SPLIT_SALT = "issue-56"         # the tuning / check split (split()); fixed before any tuning
 ARM_TIMEOUT_S = 2400            # seconds per arm in a child process
 CODE_CHANGED = "the code changed since this run was planned"
+FULL = "full list"               # the report's name for full_list(): the full tactic list on an arm's engine
+FULL_RECORDS = ("adaptive", "seven")
+FULL_WHICH = "`adaptive`, the nine tactics of b639164, at the seeds it was run at; `seven` at the others"
 BASELINE = "today"              # the record's arm of the strategy before issue 56's redesign (755b291)
 
 
@@ -515,9 +518,9 @@ def outcomes(arm: str, subs: list[Subject], seeds: list[int]) -> dict[tuple[str,
     return {(s.key, seed): rec.get(s.key, {}).get(str(seed)) for s in subs for seed in seeds}
 
 
-def per_seed(arm: str, subs: list[Subject], seeds: list[int], budget_of) -> dict[str, list]:
-    """Per seed: bugs found (all, tuning, check), median steps (all, random-hard), search seconds."""
-    o = outcomes(arm, subs, seeds)
+def per_seed(o: dict[tuple[str, int], dict], subs: list[Subject], seeds: list[int], budget_of) -> dict[str, list]:
+    """Per seed: bugs found (all, tuning, check), median steps (all, random-hard), search seconds, of an arm's
+    results ``o`` (its :func:`outcomes`, or a part of them)."""
     hard = random_hard(subs)
     out: dict[str, list] = {k: [] for k in ("found", "tuning", "check", "median", "median_hard", "seconds",
                                             "missing")}
@@ -533,6 +536,16 @@ def per_seed(arm: str, subs: list[Subject], seeds: list[int], budget_of) -> dict
         out["seconds"].append(sum(float(r.get("total_s") or 0) for r in rs.values() if r))
         out["missing"].append(sum(r is None for r in rs.values()))
     return out
+
+
+def full_list(subs: list[Subject], seeds: list[int]) -> dict[tuple[str, int], dict]:
+    """The full tactic list's results, that an arm without a tactic (or with a setting changed) is measured
+    against: the record of the engine each arm's seeds were run on. Seeds 0 to 2 of the tactics' arms ran on
+    b639164's nine tactics (the record ``adaptive``); after two of the nine were removed, later seeds on the
+    seven (the record ``seven``), so a (subject, seed) result is ``adaptive``'s where it has one, else
+    ``seven``'s."""
+    first, then = (outcomes(a, subs, seeds) for a in FULL_RECORDS)
+    return {k: first[k] if first[k] is not None else then[k] for k in first}
 
 
 def random_hard(subs: list[Subject]) -> list[str]:
@@ -625,7 +638,7 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
             ran_on = [s for s in part if all(got[arm][(s.key, seed)] is not None for seed in at)]
             if not at or not ran_on:
                 continue
-            st = per_seed(arm, ran_on, at, budget_of)
+            st = per_seed(got[arm], ran_on, at, budget_of)
             rows.append([f"`{arm}`", name, ", ".join(map(str, at)), f"{len(ran_on)} of {len(part)}",
                          _fmt(st["found"]), _fmt(st["median"]), _fmt(st["median_hard"]), f"{sum(st['seconds']):.0f}"])
     n_hard_t = sum(1 for s in tuning if s.key in hard)
@@ -646,21 +659,22 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
         "confirmation of the arm on those, all its seeds, one thread each, on this shared machine.\n",
         table(["arm", "set", "seeds", "subjects", "found", "median steps", "median steps, random-hard",
                "seconds"], rows), ""]
-    full = "adaptive"
     ablated = [a for a in arms if a.startswith("adaptive-no:") or a.startswith("adaptive:")]
-    if full in got and ablated:
+    if ablated:
+        ref = {**got, FULL: full_list(subs, seeds)}
         vrows = []
         for arm in ablated:
-            both, at = paired(got, full, arm, subs, seeds)
+            both, at = paired(ref, FULL, arm, subs, seeds)
             if not both:
                 continue
-            f_st, a_st = (per_seed(a, both, at, budget_of) for a in (full, arm))
+            f_st, a_st = (per_seed(ref[a], both, at, budget_of) for a in (FULL, arm))
             keep_, why = verdict(f_st, a_st)
             vrows.append([f"`{arm}`", ", ".join(map(str, at)), f"{len(both)}", _fmt(f_st["found"]),
                           _fmt(a_st["found"]), _fmt(f_st["median_hard"]), _fmt(a_st["median_hard"]),
                           _fmt(f_st["median"]), _fmt(a_st["median"]),
                           ("**earns its place**: " if keep_ else "does not earn its place: ") + why])
-        text += ["Each tactic and setting against the full arm (`adaptive`), at the seeds both were run at "
+        text += [f"Each tactic and setting against the full list of tactics on the same engine ({FULL_WHICH}), "
+                 "at the seeds both were run at "
                  "(`seeds`), on the subjects both were run on at each (`subjects`): " + verdict.__doc__.split("?", 1)[1]
                  .strip().replace("\n   ", "").replace("  ", " ") + "\n",
                  table(["arm", "seeds", "subjects", "found with", "found without", "random-hard median with",
@@ -679,7 +693,7 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
                 if not both or not at:
                     continue
                 at_set[name] = at
-                b_st, a_st = (per_seed(a, both, at, budget_of) for a in (BASELINE, arm))
+                b_st, a_st = (per_seed(got[a], both, at, budget_of) for a in (BASELINE, arm))
                 crows.append([f"`{arm}`", name, ", ".join(map(str, at)), f"{len(both)}", _fmt(b_st["found"]),
                               _fmt(a_st["found"]), _fmt(b_st["median_hard"]), _fmt(a_st["median_hard"]),
                               _fmt(b_st["median"]), _fmt(a_st["median"]), against_baseline(b_st, a_st)])

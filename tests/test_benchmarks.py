@@ -284,6 +284,26 @@ def test_ablation_report_pairs_two_arms_on_the_seeds_and_subjects_both_ran():
     assert seeds == [0, 1, 2] and [s.key for s in both] == ["a", "b"]
 
 
+def test_ablation_full_list_is_the_nine_where_they_ran_and_the_seven_elsewhere(tmp_path: Path, monkeypatch):
+    """A tactic's arm is measured against the full list on its own engine: the record ``adaptive`` (the
+    nine tactics) at a (subject, seed) it holds, else ``seven``; where neither ran, nothing."""
+    import json
+
+    from benchmarks import ablation_suite as suite
+
+    def record(arm: str, subjects: dict) -> None:
+        (tmp_path / f"{arm}.json").write_text(json.dumps({"arm": arm, "engines": [], "subjects": subjects}))
+
+    record("adaptive", {"a": {"0": {"found": True, "steps": 9}}})
+    record("seven", {"a": {"0": {"found": True, "steps": 5}, "3": {"found": False, "steps": 1000}},
+                     "b": {"3": {"found": True, "steps": 4}}})
+    monkeypatch.setattr(suite, "RECORD", tmp_path)
+    subs = [suite.Subject(key=k, name=k, kind="targets", framework="torch", entry="x.py:f") for k in "ab"]
+    full = suite.full_list(subs, [0, 3])
+    assert full[("a", 0)]["steps"] == 9 and full[("a", 3)]["found"] is False
+    assert full[("b", 3)]["steps"] == 4 and full[("b", 0)] is None
+
+
 def test_ablation_stops_when_the_code_changed_under_a_run_instead_of_recording_misses(tmp_path: Path):
     """A child that finds the sources changed since its run was planned measured nothing: the run stops
     with that message; its subjects are not kept as misses of the engine."""
