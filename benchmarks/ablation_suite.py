@@ -420,13 +420,30 @@ def run(subs: list[Subject], arms: list[str], seeds: list[int], jobs: int, rerun
     among them when a variant is asked for), then the variants, inferred where they can be (:func:`plan`)."""
     variants = [a for a in arms if tactics_of(a) is not None]
     first = [a for a in arms if a not in variants]
-    if variants and "adaptive" not in first:
+    recorded = recorded_full(subs, seeds) if variants and "adaptive" not in first else None
+    if variants and "adaptive" not in first and recorded is None:
         first.append("adaptive")
-    results = _run(subs, first, seeds, jobs, rerun)
+    results = _run(subs, first, seeds, jobs, rerun) if first else {}
     if variants:
-        full = {k: r for k, r in results.items() if k[0] == "adaptive"}
+        full = recorded or {k: r for k, r in results.items() if k[0] == "adaptive"}
         results.update(_run(subs, variants, seeds, jobs, rerun, full))
     return results
+
+
+def recorded_full(subs: list[Subject], seeds: list[int]) -> dict[tuple, dict] | None:
+    """The full list's results that the variants are inferred from, taken from the record (``FULL_RECORDS``)
+    instead of run again, when it holds every (subject, seed) at this code version (the same engine, program
+    and worker: the same search); else None."""
+    out, records = {}, [load_record(arm) for arm in FULL_RECORDS]
+    for s in subs:
+        version = code_version(s, "adaptive")
+        for seed in seeds:
+            r = next((r for rec in records if (r := rec.get(s.key, {}).get(str(seed)))
+                      and r.get("version") == version), None)
+            if r is None or "error" in r:
+                return None
+            out[("adaptive", s.key, seed)] = r
+    return out
 
 
 def _run(subs: list[Subject], arms: list[str], seeds: list[int], jobs: int, rerun: bool,

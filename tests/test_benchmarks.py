@@ -304,6 +304,26 @@ def test_ablation_full_list_is_the_nine_where_they_ran_and_the_seven_elsewhere(t
     assert full[("b", 3)]["steps"] == 4 and full[("b", 0)] is None
 
 
+def test_ablation_variants_take_the_full_list_from_the_record_only_at_this_code_version(tmp_path: Path,
+                                                                                       monkeypatch):
+    """A variant's run infers from the full list's recorded results instead of running it again, but only
+    when every (subject, seed) it needs was recorded at the code version of now."""
+    import json
+
+    from benchmarks import ablation_suite as suite
+
+    subject = next(s for s in suite.subjects() if s.key == "ID_4")
+    now = suite.code_version(subject, "adaptive")
+    (tmp_path / "seven.json").write_text(json.dumps({"arm": "seven", "engines": [], "subjects": {subject.key: {
+        "0": {"found": True, "steps": 3, "version": now, "acts": {"land": 1}},
+        "1": {"found": True, "steps": 3, "version": "an-older-engine", "acts": {"land": 1}}}}}))
+    monkeypatch.setattr(suite, "RECORD", tmp_path)
+    assert suite.recorded_full([subject], [0]) == {
+        ("adaptive", subject.key, 0): {"found": True, "steps": 3, "version": now, "acts": {"land": 1}}}
+    assert suite.recorded_full([subject], [0, 1]) is None
+    assert suite.recorded_full([subject], [0, 2]) is None
+
+
 def test_ablation_stops_when_the_code_changed_under_a_run_instead_of_recording_misses(tmp_path: Path):
     """A child that finds the sources changed since its run was planned measured nothing: the run stops
     with that message; its subjects are not kept as misses of the engine."""
