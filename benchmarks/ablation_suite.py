@@ -30,11 +30,13 @@ it, seed by seed, each seed's arms in turn (a :class:`SiteSearch` resets the run
 ``--jobs`` of them at once (at most 2 on this machine). A subject's sites are searched best-known first and each later site only up to the fewest
 steps found so far: its figure (the fewest steps of any site that finds it) is the same, for less. Results are
 cached per (build, seed, arm, code version) in ``benchmarks/ablation/.cache/``; each run keeps its arms'
-results in ``benchmarks/ablation/record/<arm>.json`` (committed), from which the report is built.
+results in ``benchmarks/ablation/record/<arm>.json`` (committed), from which the report is built. A run of
+variants alone takes the full list's results from the record where it holds them at this code version
+(:func:`recorded_full`), and runs the full list first otherwise.
 
 **Report**: per arm and set (tuning, check), bugs found, median steps (all subjects; random-hard ones), each
-per seed, and search seconds; per tactic of ``adaptive``, the arm without it against the full arm, and
-whether it earns its place (:func:`verdict`); per engine (an arm that is no variant), against ``today``
+per seed, and search seconds; per tactic of ``adaptive``, the arm without it against the full list on
+the same engine (:func:`full_list`), and whether it earns its place (:func:`verdict`); per engine (an arm that is no variant), against ``today``
 per set and over both, when the report shows it (:func:`against_baseline`). Every figure is taken at the
 seeds an arm (or both arms of a comparison) was run at and on the subjects run at each (:func:`paired`).
 The tuning and check sets are fixed by :func:`split` (a hash of the bug's or program's name), written
