@@ -642,6 +642,24 @@ def paired(got: dict[str, dict], a: str, b: str, subs: list[Subject],
     return both, common
 
 
+def per_set(got: dict[str, dict], a: str, b: str, parts: list[tuple[str, list[Subject]]], subs: list[Subject],
+            seeds: list[int]):
+    """Two arms compared per set and over both: (set, subjects, seeds) for each set where both ran (at the
+    seeds and on the subjects of :func:`paired`), then ("all", ...) over the whole suite at the seeds both
+    sets were compared at, when both were."""
+    at_set: dict[str, list[int]] = {}
+    for name, part in parts:
+        both, at = paired(got, a, b, part, seeds)
+        if both and at:
+            at_set[name] = at
+            yield name, both, at
+    if len(at_set) == len(parts) > 1:
+        common = [x for x in seeds if all(x in at for at in at_set.values())]
+        both, at = paired(got, a, b, subs, common)
+        if both and at:
+            yield "all", both, at
+
+
 def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
     from benchmarks._results import table
 
@@ -683,35 +701,23 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
         ref = {**got, FULL: full_list(subs, seeds)}
         vrows = []
         for arm in ablated:
-            both, at = paired(ref, FULL, arm, subs, seeds)
-            if not both:
-                continue
-            f_st, a_st = (per_seed(ref[a], both, at, budget_of) for a in (FULL, arm))
-            keep_, why = verdict(f_st, a_st)
-            vrows.append([f"`{arm}`", ", ".join(map(str, at)), f"{len(both)}", _fmt(f_st["found"]),
-                          _fmt(a_st["found"]), _fmt(f_st["median_hard"]), _fmt(a_st["median_hard"]),
-                          _fmt(f_st["median"]), _fmt(a_st["median"]),
-                          ("**earns its place**: " if keep_ else "does not earn its place: ") + why])
+            for name, both, at in per_set(ref, FULL, arm, parts, subs, seeds):
+                f_st, a_st = (per_seed(ref[a], both, at, budget_of) for a in (FULL, arm))
+                keep_, why = verdict(f_st, a_st)
+                vrows.append([f"`{arm}`", name, ", ".join(map(str, at)), f"{len(both)}", _fmt(f_st["found"]),
+                              _fmt(a_st["found"]), _fmt(f_st["median_hard"]), _fmt(a_st["median_hard"]),
+                              _fmt(f_st["median"]), _fmt(a_st["median"]),
+                              ("**earns its place**: " if keep_ else "does not earn its place: ") + why])
         text += [f"Each tactic and setting against the full list of tactics on the same engine ({FULL_WHICH}), "
-                 "at the seeds both were run at "
+                 "per set and over both, at the seeds both were run at "
                  "(`seeds`), on the subjects both were run on at each (`subjects`): " + verdict.__doc__.split("?", 1)[1]
                  .strip().replace("\n   ", "").replace("  ", " ") + "\n",
-                 table(["arm", "seeds", "subjects", "found with", "found without", "random-hard median with",
+                 table(["arm", "set", "seeds", "subjects", "found with", "found without", "random-hard median with",
                         "without", "median with", "without", "verdict"], vrows), ""]
     if BASELINE in got:
         crows = []
         for arm in [a for a in arms if a != BASELINE and tactics_of(a) is None]:
-            at_set: dict[str, list[int]] = {}
-            for name, part in parts + [("all", subs)]:
-                if name == "all":     # both sets, at the seeds both were compared at: the whole suite
-                    if len(at_set) < 2:
-                        continue
-                    both, at = paired(got, BASELINE, arm, part, [x for x in at_set["tuning"] if x in at_set["check"]])
-                else:
-                    both, at = paired(got, BASELINE, arm, part, seeds)
-                if not both or not at:
-                    continue
-                at_set[name] = at
+            for name, both, at in per_set(got, BASELINE, arm, parts, subs, seeds):
                 b_st, a_st = (per_seed(got[a], both, at, budget_of) for a in (BASELINE, arm))
                 crows.append([f"`{arm}`", name, ", ".join(map(str, at)), f"{len(both)}", _fmt(b_st["found"]),
                               _fmt(a_st["found"]), _fmt(b_st["median_hard"]), _fmt(a_st["median_hard"]),

@@ -284,6 +284,23 @@ def test_ablation_report_pairs_two_arms_on_the_seeds_and_subjects_both_ran():
     assert seeds == [0, 1, 2] and [s.key for s in both] == ["a", "b"]
 
 
+def test_ablation_compares_two_arms_per_set_and_over_both_at_the_seeds_both_sets_share():
+    """A set run at fewer seeds keeps its own row at those; the whole suite's row is taken at the seeds
+    both sets were compared at, not at one set's alone; a set where one arm never ran has no row."""
+    from benchmarks.ablation_suite import Subject, per_set
+
+    subs = [Subject(key=k, name=k, kind="targets", framework="torch", entry="x.py:f") for k in ("t", "c")]
+    parts = [("tuning", subs[:1]), ("check", subs[1:])]
+    hit = {"found": True, "steps": 3}
+    got = {"full": {(k, seed): hit for k in "tc" for seed in range(5)},
+           "arm": {(k, seed): (hit if k == "c" or seed == 0 else None) for k in "tc" for seed in range(5)}}
+    rows = [(name, [s.key for s in both], at) for name, both, at in per_set(got, "full", "arm", parts, subs,
+                                                                             list(range(5)))]
+    assert rows == [("tuning", ["t"], [0]), ("check", ["c"], [0, 1, 2, 3, 4]), ("all", ["t", "c"], [0])]
+    got["arm"] = {(k, seed): (hit if k == "c" else None) for k in "tc" for seed in range(5)}
+    assert [name for name, _, _ in per_set(got, "full", "arm", parts, subs, list(range(5)))] == ["check"]
+
+
 def test_ablation_full_list_is_the_nine_where_they_ran_and_the_seven_elsewhere(tmp_path: Path, monkeypatch):
     """A tactic's arm is measured against the full list on its own engine: the record ``adaptive`` (the
     nine tactics) at a (subject, seed) it holds, else ``seven``; where neither ran, nothing."""
