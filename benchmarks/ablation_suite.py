@@ -590,7 +590,10 @@ def verdict(full: dict[str, list], without: dict[str, list]) -> tuple[bool, str]
         spread_m = max(full[key]) - min(full[key])
         if d > spread_m:
             reasons.append(f"{what} +{d:g} steps > spread {spread_m:g}")
-    return bool(reasons), "; ".join(reasons) or "within the spread"
+    why = "; ".join(reasons) or "within the spread"
+    if len(full["found"]) == 1:
+        why += " (at one seed: no spread to tell chance from cost)"
+    return bool(reasons), why
 
 
 def against_baseline(base: dict[str, list], other: dict[str, list]) -> str:

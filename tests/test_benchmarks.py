@@ -250,6 +250,8 @@ def test_ablation_verdict_keeps_a_tactic_only_beyond_the_full_arms_spread():
     assert keep and why == "4 (bug, seed) finds lost > spread 1; random-hard median +6.33333 steps > spread 6"
     keep, why = verdict(full, _per_seed([50, 50, 49], [7, 7, 7], [9, 15, 11]))
     assert keep and why == "median +0.5 steps > spread 0"
+    keep, why = verdict(_per_seed([52], [7.5], [41]), _per_seed([52], [7.5], [53]))
+    assert keep and why == "random-hard median +12 steps > spread 0 (at one seed: no spread to tell chance from cost)"
 
 
 def test_ablation_against_today_tells_no_worse_from_worse_within_and_beyond_the_spread():
