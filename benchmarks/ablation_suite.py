@@ -557,14 +557,22 @@ def per_seed(o: dict[tuple[str, int], dict], subs: list[Subject], seeds: list[in
     return out
 
 
-def full_list(subs: list[Subject], seeds: list[int]) -> dict[tuple[str, int], dict]:
+def full_list(subs: list[Subject], seeds: list[int],
+              like: dict[tuple[str, int], dict] | None = None) -> dict[tuple[str, int], dict]:
     """The full tactic list's results, that an arm without a tactic (or with a setting changed) is measured
     against: the record of the engine each arm's seeds were run on. Seeds 0 to 2 of the tactics' arms ran on
     b639164's nine tactics (the record ``adaptive``); after two of the nine were removed, later seeds on the
     seven (the record ``seven``), so a (subject, seed) result is ``adaptive``'s where it has one, else
-    ``seven``'s."""
-    first, then = (outcomes(a, subs, seeds) for a in FULL_RECORDS)
-    return {k: first[k] if first[k] is not None else then[k] for k in first}
+    ``seven``'s; but where ``like`` (the arm's results) names the code version it ran at, the record's
+    result at that same version comes first: an arm run later on the seven at a seed the nine also ran."""
+    recs = [outcomes(a, subs, seeds) for a in FULL_RECORDS]
+    out = {}
+    for k in recs[0]:
+        have = [r[k] for r in recs if r[k] is not None]
+        version = ((like or {}).get(k) or {}).get("version")
+        same = [r for r in have if version and r.get("version") == version]
+        out[k] = (same or have or [None])[0]
+    return out
 
 
 def random_hard(subs: list[Subject]) -> list[str]:
@@ -701,9 +709,9 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
                "seconds"], rows), ""]
     ablated = [a for a in arms if a.startswith("adaptive-no:") or a.startswith("adaptive:")]
     if ablated:
-        ref = {**got, FULL: full_list(subs, seeds)}
         vrows = []
         for arm in ablated:
+            ref = {**got, FULL: full_list(subs, seeds, got[arm])}
             for name, both, at in per_set(ref, FULL, arm, parts, subs, seeds):
                 f_st, a_st = (per_seed(ref[a], both, at, budget_of) for a in (FULL, arm))
                 keep_, why = verdict(f_st, a_st)
@@ -801,7 +809,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         results = run(subs, args.arms, args.seeds, args.jobs, args.rerun)
         print(f"done in {time.time() - t0:.0f} s", flush=True)
-        kept = keep(results, {"adaptive": args.record_as} if args.record_as else {})
+        # the full list a variant needed and ran unasked is the engine of now: its record, not the nine's
+        implicit = {} if "adaptive" in args.arms else {"adaptive": FULL_RECORDS[-1]}
+        kept = keep(results, {"adaptive": args.record_as} if args.record_as else implicit)
         print(f"kept in {RECORD.relative_to(ROOT)}/: {', '.join(kept)}", flush=True)
     shown = args.report_arms or [args.record_as or a if a == "adaptive" else a for a in args.arms]
     if "random" not in shown and not (RECORD / "random.json").exists():

@@ -323,6 +323,25 @@ def test_ablation_full_list_is_the_nine_where_they_ran_and_the_seven_elsewhere(t
     assert full[("b", 3)]["steps"] == 4 and full[("b", 0)] is None
 
 
+def test_ablation_full_list_takes_the_result_at_the_arms_own_code_version(tmp_path: Path, monkeypatch):
+    """An arm run on the seven at a seed the nine also ran is measured against the seven's result there (the
+    same code version), not the nine's; without a version to match, the nine's comes first as before."""
+    import json
+
+    from benchmarks import ablation_suite as suite
+
+    for arm, steps, version in (("adaptive", 9, "nine"), ("seven", 5, "seven")):
+        (tmp_path / f"{arm}.json").write_text(json.dumps({"arm": arm, "engines": [], "subjects": {
+            "a": {"0": {"found": True, "steps": steps, "version": version}}}}))
+    monkeypatch.setattr(suite, "RECORD", tmp_path)
+    subs = [suite.Subject(key="a", name="a", kind="targets", framework="torch", entry="x.py:f")]
+    assert suite.full_list(subs, [0], {("a", 0): {"found": True, "steps": 7, "version": "seven"}})[("a", 0)][
+        "steps"] == 5
+    assert suite.full_list(subs, [0], {("a", 0): {"found": True, "steps": 7, "version": "nine"}})[("a", 0)][
+        "steps"] == 9
+    assert suite.full_list(subs, [0], {("a", 0): None})[("a", 0)]["steps"] == 9
+
+
 def test_ablation_variants_take_the_full_list_from_the_record_only_at_this_code_version(tmp_path: Path,
                                                                                        monkeypatch):
     """A variant's run infers from the full list's recorded results instead of running it again, but only
