@@ -671,6 +671,16 @@ def per_set(got: dict[str, dict], a: str, b: str, parts: list[tuple[str, list[Su
             yield "all", both, at
 
 
+def grist_settings(subs: list[Subject]) -> list[tuple[str, list[Subject]]]:
+    """GRIST's bugs among ``subs`` in each of the two settings (issue 56, item 5): GRIST's (inputs, and where
+    GRIST searched a variable, ID_28a-d's gain, that variable in GRIST's bound: the ``@grist`` subjects) and
+    weights free (RANUM's kind of search, every trainable weight searched: the ``@free`` ones); every other
+    bug is searched the same way in both, so it is in both."""
+    grist = [s for s in subs if s.kind == "grist"]
+    return [("GRIST's setting", [s for s in grist if not s.key.endswith("@free")]),
+            ("weights free", [s for s in grist if not s.key.endswith("@grist")])]
+
+
 def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
     from benchmarks._results import table
 
@@ -741,6 +751,22 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
                      table(["arm", "set", "seeds", "subjects", f"found: `{BASELINE}`", "found",
                             f"random-hard median: `{BASELINE}`", "random-hard median", f"median: `{BASELINE}`",
                             "median", "verdict"], crows), ""]
+    srows = []
+    for arm in [a for a in arms if tactics_of(a) is None]:      # the engines, not an arm without a tactic
+        for name, part in grist_settings(subs):
+            at = [x for x in ran(got[arm], part, seeds) if all(got[arm][(s.key, x)] is not None for s in part)]
+            if part and at:
+                st = per_seed(got[arm], part, at, budget_of)
+                srows.append([f"`{arm}`", name, ", ".join(map(str, at)), f"{_fmt(st['found'])} of {len(part)}",
+                              _fmt(st["median"]), _fmt(st["median_hard"])])
+    if srows:
+        text += ["GRIST's bugs in the two settings of issue 56's fifth point, each engine at the seeds it ran on "
+                 "every one of them: **GRIST's setting** (inputs only, and where GRIST searched a variable, "
+                 "ID_28a-d's gain, that variable in GRIST's bound [0, 16]) and **weights free** (RANUM's kind "
+                 "of search: every trainable weight searched in the engine's box for weights); every other bug "
+                 "is searched the same way in both. A miss counts as the budget.\n",
+                 table(["engine", "setting", "seeds", "found", "median steps", "median steps, random-hard"],
+                       srows), ""]
     detail = []
     for s in subs:
         cells = []

@@ -303,6 +303,20 @@ def test_ablation_compares_two_arms_per_set_and_over_both_at_the_seeds_both_sets
     assert [name for name, _, _ in per_set(got, "full", "arm", parts, subs, list(range(5)))] == ["check"]
 
 
+def test_ablation_gives_grists_bugs_in_each_setting_the_two_settings_differing_only_where_grist_searched_weights():
+    """Issue 56's fifth point: the suite's GRIST bugs counted in GRIST's setting and weights free, 79 each,
+    the same bugs in both but for ID_28a-d, which are in each setting once; no program of the repo's own."""
+    from benchmarks.ablation_suite import grist_settings, subjects
+
+    (g_name, g), (f_name, f) = grist_settings(subjects())
+    assert (g_name, f_name) == ("GRIST's setting", "weights free") and len(g) == len(f) == 79
+    assert all(s.kind == "grist" for s in g + f)
+    only = sorted({s.key for s in g} ^ {s.key for s in f})
+    assert only == sorted(f"ID_28{x}@{how}" for x in "abcd" for how in ("grist", "free"))
+    assert all(s.search_weights for s in f if s.key.endswith("@free"))
+    assert not any(s.search_weights for s in g)
+
+
 def test_ablation_full_list_is_the_nine_where_they_ran_and_the_seven_elsewhere(tmp_path: Path, monkeypatch):
     """A tactic's arm is measured against the full list on its own engine: the record ``adaptive`` (the
     nine tactics) at a (subject, seed) it holds, else ``seven``; where neither ran, nothing."""
