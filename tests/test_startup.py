@@ -110,7 +110,9 @@ def test_profile_prints_each_phase_from_process_start_and_the_heavy_imports(tmp_
     assert "torch " in imports and "torch._dynamo" not in imports and "mlflow" not in imports, imports
     seconds = [float(wall) for _, wall, _, _ in rows]
     total = float(lines[head].split("profile: ")[1].split(" s ")[0])
-    assert all(s >= 0 for s in seconds) and sum(seconds) <= total + 0.01
+    # each figure printed to 0.01 s: the sum of the rounded phases may pass the rounded total by half a
+    # hundredth per figure
+    assert all(s >= 0 for s in seconds) and sum(seconds) <= total + 0.005 * (len(seconds) + 1)
     assert abs(float(rows[-1][3]) - sum(seconds)) < 0.05            # "at" is where each phase ended
     assert 0 < sum(float(cpu) for _, _, cpu, _ in rows) < 2 * total   # two cores at most, and more than none
 
