@@ -676,9 +676,11 @@ def grist_settings(subs: list[Subject]) -> list[tuple[str, list[Subject]]]:
     GRIST searched a variable, ID_28a-d's gain, that variable in GRIST's bound: the ``@grist`` subjects) and
     weights free (RANUM's kind of search, every trainable weight searched: the ``@free`` ones); every other
     bug is searched the same way in both, so it is in both."""
+    from benchmarks.grist_suite.model import SETTINGS
+
+    names = {"grist": "GRIST's setting", "free": "weights free"}
     grist = [s for s in subs if s.kind == "grist"]
-    return [("GRIST's setting", [s for s in grist if not s.key.endswith("@free")]),
-            ("weights free", [s for s in grist if not s.key.endswith("@grist")])]
+    return [(names[setting], [s for s in grist if s.key.partition("@")[2] in ("", setting)]) for setting in SETTINGS]
 
 
 def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
@@ -754,7 +756,7 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
     srows = []
     for arm in [a for a in arms if tactics_of(a) is None]:      # the engines, not an arm without a tactic
         for name, part in grist_settings(subs):
-            at = [x for x in ran(got[arm], part, seeds) if all(got[arm][(s.key, x)] is not None for s in part)]
+            at = [x for x in seeds if all(got[arm][(s.key, x)] is not None for s in part)]
             if part and at:
                 st = per_seed(got[arm], part, at, budget_of)
                 srows.append([f"`{arm}`", name, ", ".join(map(str, at)), f"{_fmt(st['found'])} of {len(part)}",
