@@ -10,7 +10,9 @@ program of ``campaigns/targets`` that ``benchmarks/steps_to_trigger.py`` searche
 and the mixed-precision ones of ``benchmarks/precision.py`` under its settings. A GRIST bug is searched on
 its own sites only (the searched sites on the lines marked ``# GRIST bug <id>``, as
 ``benchmarks/grist_suite/ablation.py``) and counts as found when the engine confirms a candidate
-(``finding_from``: every replay reproduces it) at the marked line (``run.at_bug``); a program of
+(``finding_from``: every replay reproduces it) at the marked line (``run.at_bug``), the candidates of
+other ops that a search steps past included (an RBM's ``exp`` on the line of the ``log`` searched; worker
+version 2, as ``run.py`` counts them: version 1 stepped past them uncounted); a program of
 ``campaigns/targets`` has no marks: every searched site is searched, and its figure is its fastest confirmed
 finding (as ``steps_to_trigger.py``). Budget: ``--max-steps`` per site (GRIST's ID_17: its own 100). A miss
 counts as the budget.
@@ -65,7 +67,7 @@ HERE = ROOT / "benchmarks" / "ablation"
 CACHE = HERE / ".cache"
 RECORD = HERE / "record"
 DOC = ROOT / "docs" / "adaptive-ablation.md"
-WORKER_VERSION = "1"            # bump when what a worker measures changes
+WORKER_VERSION = "2"            # bump when what a worker measures changes (2: a finding stepped past counts)
 MAX_STEPS = 1000
 SEEDS = (0, 1, 2, 3, 4)
 RANDOM_HARD_STEPS = 100         # random does not trigger the subject within this many steps: random-hard
@@ -225,20 +227,36 @@ def search_subject(runner, spec, sites, subject: Subject, arm: str, seed: int, o
         result = search.run(limit)
         events: dict[str, int] = {}
         _count(events, result.trace)
-        while search.can_step_past():            # another op's finding first: go on toward the site's own
-            search.report_and_step_past(lambda: None)
+
+        def judged(result) -> dict[str, Any]:
+            """The search's candidate confirmed (every replay reproduces it) and judged: found when it is
+            at the bug (``run.at_bug``: the site's own op, or the first op to go non-finite, on a marked
+            line; any confirmed candidate for a program without marked lines)."""
+            finding = finding_from(runner, spec, site, config, result.candidate, result.seconds,
+                                   minimise_batch=False)
+            done, of = finding.replays
+            out = {"steps": int(result.steps), "search_s": round(float(result.seconds), 3),
+                   "confirmed": done == of, "own": bool(finding.site_triggered), "first_op": finding.first_op,
+                   "location": site.location}
+            out["found"] = bool(out["confirmed"] and (subject.marked is None or at_bug(out, _MarkedBug(subject))))
+            return out
+
+        passed: list[dict[str, Any]] = []
+        while search.can_step_past():            # another op's finding first: confirm it, go on toward the site's own
+            passed.append(search.report_and_step_past(lambda: judged(result)))
+            if passed[-1]["found"]:              # ... unless it is at the bug (an RBM's exp on log's line):
+                break                            # the bug is found there, as run.py counts it
             result = search.run(limit - search.step)
             _count(events, result.trace)
         rec: dict[str, Any] = {"site": _label(site), "steps": int(result.steps), "status": str(result.status),
                                "search_s": round(float(result.seconds), 3), "events": events, "found": False,
                                "acts": dict(search.strategy_state.get("core.acts") or {})}
-        cand = result.candidate
-        if cand is not None:
-            finding = finding_from(runner, spec, site, config, cand, result.seconds, minimise_batch=False)
-            done, of = finding.replays
-            rec.update(confirmed=done == of, own=bool(finding.site_triggered), first_op=finding.first_op,
-                       location=site.location)
-            rec["found"] = bool(rec["confirmed"] and (subject.marked is None or at_bug(rec, _MarkedBug(subject))))
+        if passed:
+            rec["passed"] = passed
+        if passed and passed[-1]["found"]:
+            rec.update(passed[-1], status="stepped past")
+        elif result.candidate is not None:
+            rec.update(judged(result))
         rec["wall_s"] = round(time.perf_counter() - t0, 3)
         out["sites"].append(rec)
         if rec["found"] and (best is None or rec["steps"] < best["steps"]):
