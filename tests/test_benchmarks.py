@@ -388,3 +388,90 @@ def test_ablation_stops_when_the_code_changed_under_a_run_instead_of_recording_m
     with pytest.raises(SystemExit, match=CODE_CHANGED):
         run_task(task, timeout=120)
     assert not (tmp_path / "out.json").exists()
+
+
+class _Point:
+    event = "step"
+
+
+class _Result:
+    def __init__(self, steps: int, candidate, status: str = "exhausted"):
+        self.steps, self.candidate, self.status, self.seconds, self.trace = steps, candidate, status, 0.1, [_Point()]
+
+
+class _Search:
+    """A site's search that first ends on another op's value it may step past (``first``), then, stepped
+    past, on the site's own candidate at step 90: the shape of an RBM's log search, whose line's exp
+    overflows first."""
+
+    def __init__(self, runner, site, config, strategy=None):
+        self.results = [_Result(12, "other"), _Result(90, "own", "found")]
+        self.step, self.strategy_state, self.runs = 0, {}, 0
+
+    def run(self, limit):
+        self.runs += 1
+        result = self.results.pop(0)
+        self.step = result.steps
+        return result
+
+    def can_step_past(self):
+        return len(self.results) == 1 and self.runs == 1
+
+    def report_and_step_past(self, report):
+        return report()
+
+
+def _judge_by(first_op_line: int):
+    """``finding_from`` for the fake search: every replay reproduces; the other op's candidate names its
+    first non-finite op at ``first_op_line``, the site's own at the site."""
+    from types import SimpleNamespace
+
+    def finding_from(runner, spec, site, config, cand, seconds, minimise_batch=False):
+        line = first_op_line if cand == "other" else int(site.location.rsplit(":", 1)[1])
+        path = site.location.rsplit(":", 1)[0]
+        return SimpleNamespace(replays=(3, 3), site_triggered=cand == "own",
+                               first_op={"op": "exp", "location": f"{path}:{line}"})
+    return finding_from
+
+
+@pytest.mark.parametrize("first_op_line, found_at, status", [(62, 12, "stepped past"), (48, 90, "found")])
+def test_ablation_counts_a_finding_stepped_past_only_at_the_bug(monkeypatch, first_op_line, found_at, status):
+    """Searching ID_51's log, another op's value goes non-finite first: at the marked line (its exp), that
+    confirmed finding is the bug, found at its step, and the search ends there, as run.py counts it; on
+    another line, it is recorded as stepped past and the search goes on to the site's own finding."""
+    from types import SimpleNamespace
+
+    import fuzz_core.engine
+    import fuzz_core.search
+    from benchmarks import ablation_suite as suite
+
+    subject = next(s for s in suite.subjects() if s.key == "ID_51")
+    path = subject.marked[0]
+    site = SimpleNamespace(op="log", location=f"{path}:62", occurrence=1, searched=True)
+    monkeypatch.setattr(fuzz_core.search, "SiteSearch", _Search)
+    monkeypatch.setattr(fuzz_core.engine, "finding_from", _judge_by(first_op_line))
+    out = suite.search_subject(None, None, [site], subject, "adaptive", 0, [])
+    assert (out["found"], out["steps"]) == (True, found_at)
+    rec = out["sites"][0]
+    assert rec["status"] == status
+    assert [(p["steps"], p["found"], p["own"]) for p in rec["passed"]] == [(12, first_op_line == 62, False)]
+
+
+def test_ablation_worker_finds_a_real_subject_and_names_its_code_version(tmp_path: Path):
+    """The worker for real, in a child process: GRIST's ID_4 (random inputs find it) is found at the
+    marked line at two seeds, each result a confirmed finding kept under the run's code version."""
+    import json
+
+    from benchmarks.ablation_suite import _plain, code_version, run_task, subjects
+
+    subject = next(s for s in subjects() if s.key == "ID_4")
+    runs = [("adaptive", seed, str(tmp_path / f"s{seed}.json")) for seed in (0, 1)]
+    task = {"build": subject.build, "runs": runs, "subjects": [_plain(subject)],
+            "versions": {"adaptive": {subject.key: code_version(subject, "adaptive")}},
+            "order": {subject.key: []}}
+    run_task(task, timeout=300)
+    for _, _, out in runs:
+        res = json.loads(Path(out).read_text())["subjects"][subject.key]
+        assert res["found"] and res["steps"] < subject.budget
+        assert res["version"] == code_version(subject, "adaptive")
+        assert any(r["found"] and r["confirmed"] for r in res["sites"])
