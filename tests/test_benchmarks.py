@@ -319,7 +319,7 @@ def test_ablation_gives_grists_bugs_in_each_setting_the_two_settings_differing_o
 
 def test_ablation_full_list_is_the_nine_where_they_ran_and_the_seven_elsewhere(tmp_path: Path, monkeypatch):
     """A tactic's arm is measured against the full list on its own engine: the record ``adaptive`` (the
-    nine tactics) at a (subject, seed) it holds, else ``seven``; where neither ran, nothing."""
+    nine tactics) at a (subject, seed) it holds, else ``seven-v1``; where neither ran, nothing."""
     import json
 
     from benchmarks import ablation_suite as suite
@@ -328,7 +328,7 @@ def test_ablation_full_list_is_the_nine_where_they_ran_and_the_seven_elsewhere(t
         (tmp_path / f"{arm}.json").write_text(json.dumps({"arm": arm, "engines": [], "subjects": subjects}))
 
     record("adaptive", {"a": {"0": {"found": True, "steps": 9}}})
-    record("seven", {"a": {"0": {"found": True, "steps": 5}, "3": {"found": False, "steps": 1000}},
+    record("seven-v1", {"a": {"0": {"found": True, "steps": 5}, "3": {"found": False, "steps": 1000}},
                      "b": {"3": {"found": True, "steps": 4}}})
     monkeypatch.setattr(suite, "RECORD", tmp_path)
     subs = [suite.Subject(key=k, name=k, kind="targets", framework="torch", entry="x.py:f") for k in "ab"]
@@ -344,7 +344,7 @@ def test_ablation_full_list_takes_the_result_at_the_arms_own_code_version(tmp_pa
 
     from benchmarks import ablation_suite as suite
 
-    for arm, steps, version in (("adaptive", 9, "nine"), ("seven", 5, "seven")):
+    for arm, steps, version in (("adaptive", 9, "nine"), ("seven-v1", 5, "seven"), ("seven", 6, "seven-v2")):
         (tmp_path / f"{arm}.json").write_text(json.dumps({"arm": arm, "engines": [], "subjects": {
             "a": {"0": {"found": True, "steps": steps, "version": version}}}}))
     monkeypatch.setattr(suite, "RECORD", tmp_path)
@@ -354,6 +354,8 @@ def test_ablation_full_list_takes_the_result_at_the_arms_own_code_version(tmp_pa
     assert suite.full_list(subs, [0], {("a", 0): {"found": True, "steps": 7, "version": "nine"}})[("a", 0)][
         "steps"] == 9
     assert suite.full_list(subs, [0], {("a", 0): None})[("a", 0)]["steps"] == 9
+    assert suite.full_list(subs, [0], {("a", 0): {"found": True, "steps": 7, "version": "seven-v2"}})[("a", 0)][
+        "steps"] == 6                                   # an arm measured by the later worker: the seven by it
 
 
 def test_ablation_variants_take_the_full_list_from_the_record_only_at_this_code_version(tmp_path: Path,
