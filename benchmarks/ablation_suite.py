@@ -455,19 +455,15 @@ def run(subs: list[Subject], arms: list[str], seeds: list[int], jobs: int, rerun
 
 
 def recorded_full(subs: list[Subject], seeds: list[int]) -> dict[tuple, dict] | None:
-    """The full list's results that the variants are inferred from, taken from the record (``FULL_RECORDS``)
+    """The full list's results that the variants are inferred from, taken from the record (:func:`full_list`)
     instead of run again, when it holds every (subject, seed) at this code version (the same engine, program
     and worker: the same search); else None."""
-    out, records = {}, [load_record(arm) for arm in FULL_RECORDS]
-    for s in subs:
-        version = code_version(s, "adaptive")
-        for seed in seeds:
-            r = next((r for rec in records if (r := rec.get(s.key, {}).get(str(seed)))
-                      and r.get("version") == version), None)
-            if r is None or "error" in r:
-                return None
-            out[("adaptive", s.key, seed)] = r
-    return out
+    versions = {s.key: code_version(s, "adaptive") for s in subs}
+    now = {(s.key, seed): {"version": versions[s.key]} for s in subs for seed in seeds}
+    full = full_list(subs, seeds, now)
+    if any(r is None or "error" in r or r.get("version") != now[k]["version"] for k, r in full.items()):
+        return None
+    return {("adaptive", *k): r for k, r in full.items()}
 
 
 def _run(subs: list[Subject], arms: list[str], seeds: list[int], jobs: int, rerun: bool,
