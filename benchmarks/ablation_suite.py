@@ -77,7 +77,7 @@ CODE_CHANGED = "the code changed since this run was planned"
 FULL = "full list"               # the report's name for full_list(): the full tactic list on an arm's engine
 # the full list's records, oldest first: the nine tactics (b639164), the seven as worker version 1 measured
 # them (the arms' own worker: it stepped past findings at the bug uncounted), the seven as now measured
-FULL_RECORDS = ("adaptive", "seven-v1", "seven")
+FULL_RECORDS = ("adaptive", "seven-v1", "seven")    # all but the last: not compared with BASELINE (another worker)
 FULL_WHICH = ("the record's result at the arm's own code version: `adaptive`, the nine tactics of b639164, at "
               "the seeds it was run at, `seven-v1` (the seven, measured by worker version 1 as the arms were) "
               "at the others")
@@ -758,7 +758,7 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
                         "without", "median with", "without", "verdict"], vrows), ""]
     if BASELINE in got:
         crows = []
-        for arm in [a for a in arms if a != BASELINE and tactics_of(a) is None]:
+        for arm in [a for a in arms if a != BASELINE and tactics_of(a) is None and a not in FULL_RECORDS[:-1]]:
             for name, both, at in per_set(got, BASELINE, arm, parts, subs, seeds):
                 b_st, a_st = (per_seed(got[a], both, at, budget_of) for a in (BASELINE, arm))
                 crows.append([f"`{arm}`", name, ", ".join(map(str, at)), f"{len(both)}", _fmt(b_st["found"]),
