@@ -756,9 +756,11 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
                  .strip().replace("\n   ", "").replace("  ", " ") + "\n",
                  table(["arm", "set", "seeds", "subjects", "found with", "found without", "random-hard median with",
                         "without", "median with", "without", "verdict"], vrows), ""]
+    # the engines (not an arm without a tactic), as this worker measures them (not the full list's older records)
+    engines = [a for a in arms if tactics_of(a) is None and a not in FULL_RECORDS[:-1]]
     if BASELINE in got:
         crows = []
-        for arm in [a for a in arms if a != BASELINE and tactics_of(a) is None and a not in FULL_RECORDS[:-1]]:
+        for arm in [a for a in engines if a != BASELINE]:
             for name, both, at in per_set(got, BASELINE, arm, parts, subs, seeds):
                 b_st, a_st = (per_seed(got[a], both, at, budget_of) for a in (BASELINE, arm))
                 crows.append([f"`{arm}`", name, ", ".join(map(str, at)), f"{len(both)}", _fmt(b_st["found"]),
@@ -773,7 +775,7 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
                             f"random-hard median: `{BASELINE}`", "random-hard median", f"median: `{BASELINE}`",
                             "median", "verdict"], crows), ""]
     srows = []
-    for arm in [a for a in arms if tactics_of(a) is None]:      # the engines, not an arm without a tactic
+    for arm in engines:
         for name, part in grist_settings(subs):
             at = [x for x in seeds if all(got[arm][(s.key, x)] is not None for s in part)]
             if part and at:
