@@ -76,8 +76,10 @@ ARM_TIMEOUT_S = 2400            # seconds per arm in a child process
 CODE_CHANGED = "the code changed since this run was planned"
 FULL = "full list"               # the report's name for full_list(): the full tactic list on an arm's engine
 # the full list's records, oldest first: the nine tactics (b639164), the seven as worker version 1 measured
-# them (the arms' own worker: it stepped past findings at the bug uncounted), the seven as now measured
-FULL_RECORDS = ("adaptive", "seven-v1", "seven")    # all but the last: not compared with BASELINE (another worker)
+# them (the arms' own worker: it stepped past findings at the bug uncounted), the seven as now measured, the
+# six (the seven less `curvature`, which did not earn its place): the last is the engine of now
+FULL_RECORDS = ("adaptive", "seven-v1", "seven", "six")
+OLDER_WORKER = ("adaptive", "seven-v1")     # measured by worker version 1: not compared with BASELINE (version 2)
 FULL_WHICH = ("the record's result at the arm's own code version: `adaptive`, the nine tactics of b639164, at "
               "the seeds it was run at, `seven-v1` (the seven, measured by worker version 1 as the arms were) "
               "at the others")
@@ -581,7 +583,7 @@ def full_list(subs: list[Subject], seeds: list[int],
     against: the record of the engine each arm's seeds were run on. Seeds 0 to 2 of the tactics' arms ran on
     b639164's nine tactics (the record ``adaptive``); after two of the nine were removed, later seeds on the
     seven (``seven-v1``: the seven measured by the worker of version 1, as those arms were; ``seven`` holds
-    them measured now), so a (subject, seed) result is the first of :data:`FULL_RECORDS` that has one; but
+    them measured now, ``six`` the six that remain), so a (subject, seed) result is the first of :data:`FULL_RECORDS` that has one; but
     where ``like`` (the arm's results) names the code version it ran at, the record's result at that same
     version comes first: an arm run later on the seven at a seed the nine also ran, or by a later worker."""
     recs = [outcomes(a, subs, seeds) for a in FULL_RECORDS]
@@ -757,7 +759,7 @@ def report(subs: list[Subject], arms: list[str], seeds: list[int]) -> str:
                  table(["arm", "set", "seeds", "subjects", "found with", "found without", "random-hard median with",
                         "without", "median with", "without", "verdict"], vrows), ""]
     # the engines (not an arm without a tactic), as this worker measures them (not the full list's older records)
-    engines = [a for a in arms if tactics_of(a) is None and a not in FULL_RECORDS[:-1]]
+    engines = [a for a in arms if tactics_of(a) is None and a not in OLDER_WORKER]
     if BASELINE in got:
         crows = []
         for arm in [a for a in engines if a != BASELINE]:

@@ -368,7 +368,8 @@ def test_ablation_variants_take_the_full_list_from_the_record_only_at_this_code_
 
     subject = next(s for s in suite.subjects() if s.key == "ID_4")
     now = suite.code_version(subject, "adaptive")
-    (tmp_path / "seven.json").write_text(json.dumps({"arm": "seven", "engines": [], "subjects": {subject.key: {
+    engine = suite.FULL_RECORDS[-1]            # the full list of now
+    (tmp_path / f"{engine}.json").write_text(json.dumps({"arm": engine, "engines": [], "subjects": {subject.key: {
         "0": {"found": True, "steps": 3, "version": now, "acts": {"land": 1}},
         "1": {"found": True, "steps": 3, "version": "an-older-engine", "acts": {"land": 1}}}}}))
     monkeypatch.setattr(suite, "RECORD", tmp_path)

@@ -17,8 +17,7 @@ import numpy as np
 from fuzz_core.backends.base import WEIGHT_PREFIX, Evaluation
 from fuzz_core.strategies.adaptive.core import Context, Tactic
 from fuzz_core.strategies.adaptive.steps import (
-    MUTATIONS, after_training, between, box_reach, curvature_pair, in_place, lbfgs_step, mutate, rows_only, sign_step,
-    zero_support,
+    MUTATIONS, after_training, between, box_reach, in_place, mutate, rows_only, sign_step, zero_support,
 )
 from fuzz_core.strategies.base import box_step, importance, note_reachability, refresh_samples
 
@@ -39,63 +38,6 @@ def out_of_reach(ctx: Context, ev: Evaluation) -> bool:
     else:
         g, need = ev.grads, ev.hard
     return g is not None and box_reach(s.values, g, s.bounds) < need
-
-
-class Curvature(Tactic):
-    """Gradient steps that each keep most of the way zig-zag down a narrow valley (a margin such as ``1 -
-    cos`` of two embeddings through a network): a quasi-Newton step (L-BFGS, from the last eight accepted
-    gradient steps' changes of gradient) goes down it. It opens a round after a slow accepted step (one that
-    kept more than half of the margin), and after its own accepted steps."""
-
-    name = "curvature"
-
-    @dataclass
-    class State:
-        S: np.ndarray | None = None     # accepted steps
-        Y: np.ndarray | None = None     # their changes of gradient
-        first: bool = False             # propose first: the last accepted step was slow, or this tactic's
-
-    def _keys(self, ctx: Context, grads: dict | None) -> list[str] | None:
-        if grads is None:
-            return None
-        keys = sorted(k for k in grads if k in ctx.s.bounds and k in ctx.s.values)
-        # two copies per pair of every searched element: not for a model's worth of searched weights
-        return keys if keys and sum(int(np.size(grads[k])) for k in keys) <= 1 << 20 else None
-
-    def lead(self, ctx: Context):
-        st, cur = self.st, ctx.cur
-        keys = self._keys(ctx, cur.grads)
-        if not st.first or st.S is None or keys is None or not cur.connected:
-            return
-        x = lbfgs_step(st.S, st.Y, keys, ctx.s.values, cur.grads, ctx.s.bounds)
-        if x is not None:
-            yield "curvature", x
-
-    def accepts_ties(self, label: str) -> bool:
-        return True
-
-    def on_accept(self, ctx: Context, label: str, before: dict, prev: Evaluation, after: Evaluation) -> None:
-        st = self.st
-        if not (label == "curvature" or label.startswith("land:")):
-            self._forget()
-            return
-        keys = self._keys(ctx, prev.grads)
-        pair = None if keys is None or after.grads is None else curvature_pair(keys, before, prev.grads,
-                                                                                 ctx.s.values, after.grads)
-        if pair is not None:
-            step, change = pair
-            if st.S is None or st.S.shape[1] != step.size:
-                st.S, st.Y = np.empty((0, step.size)), np.empty((0, step.size))
-            st.S, st.Y = np.vstack([st.S, step[None]])[-8:], np.vstack([st.Y, change[None]])[-8:]
-        if label != "curvature":
-            st.first = bool(prev.hard > 0 and after.hard / prev.hard > 0.5)
-
-    def on_move(self, ctx: Context, label: str) -> None:
-        self._forget()        # the curvature of another place
-
-    def _forget(self) -> None:
-        self.st.S = self.st.Y = None
-        self.st.first = False
 
 
 class Land(Tactic):
@@ -470,4 +412,4 @@ class Steer(Tactic):
 
 
 # the strategy's list: the order is the order of the hooks (holds, proposals, reactions)
-DEFAULT_TACTICS: tuple[type[Tactic], ...] = (Freeze, Ride, Steer, Curvature, Land, Exact, Escape)
+DEFAULT_TACTICS: tuple[type[Tactic], ...] = (Freeze, Ride, Steer, Land, Exact, Escape)
