@@ -6,8 +6,8 @@ the learning rate scaled up by the 16,384 terms): the float16 result is at most 
 term (below ~25 within the bounds), and the gradient that flows back into the float16
 networks is 16,384 times smaller than the sum's, so the backward pass stays in range too
 (summing in float32 instead would fix the loss but not the backward: on the witness the
-float16 weight gradients of the summed loss overflow). Clean in fp32 and under fp16
-autocast: no finding expected.
+float16 weight gradients of the summed loss overflow). Not guarded: its training, which can
+diverge under fp16 autocast on a batch the search drives (campaigns/mixed_precision.yaml).
 """
 from __future__ import annotations
 
