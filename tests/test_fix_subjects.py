@@ -35,8 +35,13 @@ NO_FIX = {
 }
 
 
+# the engine's known miss (campaigns/arcface_acos.yaml): no finding to fix; strict, so a run that finds it fails
+KNOWN_MISS = {"arcface_acos": "a narrow 1 - cos valley: without the removed curvature tactic a run finds nothing"}
+
+
 def _params():
-    return [pytest.param(name, id=name, marks=(pytest.mark.tf,) if name in BUGGY_TF else ())
+    return [pytest.param(name, id=name, marks=((pytest.mark.tf,) if name in BUGGY_TF else ())
+                         + ((pytest.mark.xfail(strict=True, reason=KNOWN_MISS[name]),) if name in KNOWN_MISS else ()))
             for name in SUBJECTS]
 
 

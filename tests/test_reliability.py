@@ -282,7 +282,8 @@ def test_hanging_quantum_is_killed_and_the_site_retired_as_timeout(tmp_path: Pat
     sites = {s["target"]: s for s in summary["sites"]}
     assert (sites["hangs"]["status"], sites["hangs"]["exit_reason"]) == ("timeout", "quantum_timeout"), sites["hangs"]
     assert "time limit" in sites["hangs"]["error"]
-    assert sites["mlp"]["status"] == "found"                # the campaign went on
+    mlp = [s for s in summary["sites"] if s["target"] == "mlp"]
+    assert any(s["status"] == "found" for s in mlp), mlp     # the campaign went on
     assert summary["run"]["executor"] == ("ray" if actors else "local")
 
 

@@ -31,12 +31,13 @@ TF = (pytest.mark.tf,)
 # A variance or a distance at exactly 0 is the backward hazard of its sqrt: its own site (sqrt_grad) is the
 # one searched. The forward sqrt's site aims below 0, where a variance never goes; the strategy before issue
 # 56 landed on 0 from there within 40 steps, the tactics' loop does at 1 of seeds 0-2 within 400 (the
-# search of the backward site lands there in 2 to 4 steps at each).
+# search of the backward site lands there in 2 to 4 steps at each; gan_minibatch_std's forward site, found
+# within 60 steps by the seven tactics, is not by the six).
 CASES = {
     "attn_empty_sequence": Case("sqrt_grad", 0, 40),
     "instnorm_flatline": Case("sqrt_grad", 0, 40),
     "logreg_focal_plain": Case("pow", 0, 20),
-    "gan_minibatch_std": Case("sqrt", 1, 60, (pytest.mark.slow,)),
+    "gan_minibatch_std": Case("sqrt_grad", 1, 60, (pytest.mark.slow,)),
     "vae_logvar_underflow": Case("sqrt_grad", 0, 20),
     "poisson_adam_overflow": Case("exp", 0, 20),
     "poincare_hierarchy": Case("acosh_grad", 0, 60),

@@ -9,7 +9,10 @@ from benchmarks.subjects import BUGGY, GUARDED
 from fuzz_core.engine import TargetSpec, build_runner, confirm, confirmed, discover_sites, finding_from
 from fuzz_core.search import SearchConfig, SiteSearch
 
-BUDGET = 200          # the subjects' campaign files use max_steps 200
+BUDGET = 200          # most subjects' campaign files use max_steps 200
+BUDGETS = {"rsqrt_norm": 1000}   # a slow descent: its campaign file's budget (the six tactics: 407-667 at seeds 0-4)
+# the engine's known miss (campaigns/arcface_acos.yaml): strict, so that a search that finds it fails this test
+KNOWN_MISS = {"arcface_acos": "a narrow 1 - cos valley: without the removed curvature tactic no site triggers"}
 GUARD_BUDGET = 60     # a guarded twin: every site, a shorter budget (no bug to find)
 
 
@@ -19,13 +22,15 @@ def _sites(entry: str, seed: int = 0):
     return spec, runner, [s for s in discover_sites(runner, seed) if s.searched]
 
 
-@pytest.mark.parametrize("name", sorted(BUGGY))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISS[n]))
+                                  if n in KNOWN_MISS else n for n in sorted(BUGGY)])
 def test_buggy_subject_is_found_and_replays(name: str):
     spec, runner, sites = _sites(BUGGY[name])
     assert sites, f"{name}: no suspect op site discovered"
-    config = SearchConfig("adaptive", BUDGET)
+    budget = BUDGETS.get(name, BUDGET)
+    config = SearchConfig("adaptive", budget)
     for site in sites:
-        result = SiteSearch(runner, site, config).run(BUDGET)
+        result = SiteSearch(runner, site, config).run(budget)
         if result.candidate is None:
             continue
         finding = finding_from(runner, spec, site, config, result.candidate, result.seconds)
@@ -34,7 +39,7 @@ def test_buggy_subject_is_found_and_replays(name: str):
         assert confirmed(check, site, result.candidate)
         assert finding.minimised["batch_size"] <= finding.minimised["original_batch_size"]
         return
-    pytest.fail(f"{name}: no site triggered within {BUDGET} steps: {[s.label for s in sites]}")
+    pytest.fail(f"{name}: no site triggered within {budget} steps: {[s.label for s in sites]}")
 
 
 @pytest.mark.parametrize("name", sorted(GUARDED))
