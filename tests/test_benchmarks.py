@@ -164,7 +164,7 @@ def test_search_cache_serves_exactly_what_the_real_search_gives(monkeypatch):
     from fuzz_core.engine import TargetSpec
     from fuzz_core.search import SearchConfig
     from orchestrator.run.executors import LocalExecutor, Task
-    from orchestrator.worker import WorkerOptions
+    from orchestrator.worker import Resume, WorkerOptions
 
     monkeypatch.setattr(cache_mod, "CHECKPOINT_EVERY", 8)
     spec = TargetSpec("sqrt_var_guarded", subject_entry("sqrt_var_guarded"), {}, seed=1, base_dir=str(ROOT))
@@ -181,15 +181,20 @@ def test_search_cache_serves_exactly_what_the_real_search_gives(monkeypatch):
         counts.append((cache.real_steps, cache.served_steps))
         config = SearchConfig("adaptive", 80, 1)
         replay, real = cache_mod.ReplayingExecutor(cache), LocalExecutor(options)
+        ran: dict[int, list[tuple[int, bool]]] = {0: [], 1: []}     # each site's quanta so far
+        at = {0: 0, 1: 0}                                           # and the step it stands at
         for i, steps, refresh in plan:
             outs = []
-            for ex in (replay, real):
-                ex.submit(Task(sites[i], spec, config, steps, refresh=refresh))
+            for ex in (replay, real):       # as the controller sends it: where the site stands, and how it got there
+                ex.submit(Task(sites[i], spec, config, steps, refresh=refresh,
+                               resume=Resume(None, tuple(ran[i]), at[i])))
                 [(_, out)] = ex.wait(0)
                 r = out.result
                 outs.append((r.steps, r.steps_quantum, r.status, r.best_loss, r.log_space,
                              [(p.step, p.suspect_loss, p.event, p.triggered) for p in r.trace]))
             assert outs[0] == outs[1], (i, steps, refresh)
+            ran[i].append((steps, refresh))
+            at[i] = outs[1][0]
         real.shutdown()
     real, served = cache.real_steps - counts[1][0], cache.served_steps - counts[1][1]
     assert 0 < real < served / 2, (real, served)          # the second campaign mostly replayed
