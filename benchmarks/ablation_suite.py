@@ -583,9 +583,10 @@ def full_list(subs: list[Subject], seeds: list[int],
     against: the record of the engine each arm's seeds were run on. Seeds 0 to 2 of the tactics' arms ran on
     b639164's nine tactics (the record ``adaptive``); after two of the nine were removed, later seeds on the
     seven (``seven-v1``: the seven measured by the worker of version 1, as those arms were; ``seven`` holds
-    them measured now, ``six`` the six that remain), so a (subject, seed) result is the first of :data:`FULL_RECORDS` that has one; but
-    where ``like`` (the arm's results) names the code version it ran at, the record's result at that same
-    version comes first: an arm run later on the seven at a seed the nine also ran, or by a later worker."""
+    them measured now, ``six`` the six that remain), so a (subject, seed) result is the first of
+    :data:`FULL_RECORDS` that has one; but where ``like`` (the arm's results) names the code version it ran
+    at, the record's result at that same version comes first: an arm run later on the seven at a seed the
+    nine also ran, or by a later worker."""
     recs = [outcomes(a, subs, seeds) for a in FULL_RECORDS]
     out = {}
     for k in recs[0]:

@@ -33,5 +33,8 @@ def _entries(tf: bool) -> tuple[dict[str, str], dict[str, str]]:
     return buggy, guarded
 
 
+# the buggy subjects whose bug the default strategy misses, and why (their campaign files say so: campaigns/)
+KNOWN_MISS = {"arcface_acos": "a narrow 1 - cos valley: without the removed curvature tactic no search triggers it"}
+
 BUGGY, GUARDED = _entries(tf=False)
 BUGGY_TF, GUARDED_TF = _entries(tf=True)

@@ -56,11 +56,11 @@ def _rides_to_it_at_every_seed(entry: str, framework: str, budget: int) -> None:
 @pytest.mark.tf
 def test_adaptive_rides_a_softmax_regressions_training_to_its_underflow():
     pytest.importorskip("tensorflow")
-    _rides_to_it_at_every_seed(ID_3, "tensorflow", 1000)       # the ablation record (six tactics), seeds 0-4: 199 to 839 steps
+    _rides_to_it_at_every_seed(ID_3, "tensorflow", 1000)       # the ablation record, seeds 0-4: 199-839 steps
 
 
 def test_adaptive_rides_an_mlps_training_to_its_underflow():
-    _rides_to_it_at_every_seed(ID_12, "torch", 300)             # the ablation record (six tactics), seeds 0-4: 49 to 61 steps
+    _rides_to_it_at_every_seed(ID_12, "torch", 300)             # the ablation record, seeds 0-4: 49-61 steps
 
 
 def test_a_riding_search_resumes_exactly_from_its_checkpoint():

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.subjects import BUGGY, BUGGY_TF
+from benchmarks.subjects import BUGGY, BUGGY_TF, KNOWN_MISS
 from orchestrator.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,11 +35,8 @@ NO_FIX = {
 }
 
 
-# the engine's known miss (campaigns/arcface_acos.yaml): no finding to fix; strict, so a run that finds it fails
-KNOWN_MISS = {"arcface_acos": "a narrow 1 - cos valley: without the removed curvature tactic a run finds nothing"}
-
-
 def _params():
+    """A known miss (no finding to fix) is a strict xfail: a run that finds it fails the test."""
     return [pytest.param(name, id=name, marks=((pytest.mark.tf,) if name in BUGGY_TF else ())
                          + ((pytest.mark.xfail(strict=True, reason=KNOWN_MISS[name]),) if name in KNOWN_MISS else ()))
             for name in SUBJECTS]

@@ -5,14 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.subjects import BUGGY, GUARDED
+from benchmarks.subjects import BUGGY, GUARDED, KNOWN_MISS
 from fuzz_core.engine import TargetSpec, build_runner, confirm, confirmed, discover_sites, finding_from
 from fuzz_core.search import SearchConfig, SiteSearch
 
 BUDGET = 200          # most subjects' campaign files use max_steps 200
 BUDGETS = {"rsqrt_norm": 1000}   # a slow descent: its campaign file's budget (the six tactics: 407-667 at seeds 0-4)
-# the engine's known miss (campaigns/arcface_acos.yaml): strict, so that a search that finds it fails this test
-KNOWN_MISS = {"arcface_acos": "a narrow 1 - cos valley: without the removed curvature tactic no site triggers"}
 GUARD_BUDGET = 60     # a guarded twin: every site, a shorter budget (no bug to find)
 
 
@@ -22,6 +20,7 @@ def _sites(entry: str, seed: int = 0):
     return spec, runner, [s for s in discover_sites(runner, seed) if s.searched]
 
 
+# a known miss is a strict xfail: a search that finds it fails this test
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISS[n]))
                                   if n in KNOWN_MISS else n for n in sorted(BUGGY)])
 def test_buggy_subject_is_found_and_replays(name: str):
